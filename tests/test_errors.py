@@ -107,3 +107,14 @@ def test_unknown_provider_kind_is_refused() -> None:
     """A kind outside the enum is a programming error, caught at construction."""
     with pytest.raises(ValueError):
         ProviderError("gremlins", "?")
+
+
+def test_docs_list_every_code_with_its_status() -> None:
+    """docs/errors.md has a row for every code in both tables, with the right status."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
+    for code, spec in ERROR_TABLE.items():
+        assert f"| `{code}` | {spec.status} |" in doc
+    for kind, spec in PROVIDER_ERROR_TABLE.items():
+        assert f"| `provider_{kind.value}` | `{kind.value}` | {spec.status} |" in doc

@@ -1,0 +1,344 @@
+"""The gateway's configuration: one YAML file plus ``TIDEGATE_*`` environment overrides.
+
+Every model forbids unknown keys, so a misspelt key refuses to start and the message names the key
+and the file. Secrets are never inline values: ``api_key_file`` and ``keys_file`` name files whose
+contents are read at start-up. The ``production`` profile adds rules (see :func:`profile_problems`).
+
+Environment overrides use ``__`` to descend: ``TIDEGATE_SERVER__PORT=9000`` sets ``server.port``;
+values are parsed as YAML scalars (``true``, ``12``, ``0.5``, ``[a, b]``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tidegate.errors import ConfigError
+
+__all__ = [
+    "AdmissionConfig",
+    "AuthConfig",
+    "BreakerConfig",
+    "BudgetConfig",
+    "CacheConfig",
+    "Config",
+    "DegradeConfig",
+    "IdempotencyConfig",
+    "LoggingConfig",
+    "Price",
+    "Profile",
+    "ProviderConfig",
+    "RateConfig",
+    "RateLimitsConfig",
+    "RetryConfig",
+    "RouteConfig",
+    "ServerConfig",
+    "StateConfig",
+    "StreamConfig",
+    "load_config",
+    "profile_problems",
+]
+
+ENV_PREFIX = "TIDEGATE_"
+SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "password", "secret", "token", "keys"})
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class Profile(StrEnum):
+    DEV = "dev"
+    STAGING = "staging"
+    PRODUCTION = "production"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    workers: PositiveInt = 1
+    drain_seconds: NonNegFloat = 20.0
+    max_body_bytes: PositiveInt = 1_048_576
+    request_timeout_s: PositiveFloat = 60.0
+
+
+class AuthConfig(_Strict):
+    keys_file: Path | None = None
+    admin_keys_file: Path | None = None
+
+
+class StateConfig(_Strict):
+    url: str = "sqlite:///.tidegate/state.db"
+    timeout_s: PositiveFloat = 0.5
+
+
+class StreamConfig(_Strict):
+    first_token_timeout_s: PositiveFloat = 10.0
+    stall_timeout_s: PositiveFloat = 10.0
+    max_duration_s: PositiveFloat = 300.0
+
+
+class ProviderConfig(_Strict):
+    type: Literal["openai", "anthropic", "fake"]
+    model: str
+    base_url: str | None = None
+    api_key_file: Path | None = None
+    data_classes: tuple[str, ...] = ("public", "internal", "confidential")
+    context_window: PositiveInt | None = None
+    accepts_prefill: bool = False
+    approved_fallback: bool = True
+    stream: StreamConfig = StreamConfig()
+    #: Behaviour of the in-process fake provider (only with ``type: fake``).
+    fake: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _needs_base_url(self) -> ProviderConfig:
+        if self.type in ("openai", "anthropic") and not self.base_url:
+            raise ValueError(f"a provider of type {self.type!r} needs base_url")
+        if self.type != "fake" and self.fake is not None:
+            raise ValueError("'fake' settings are only for providers of type fake")
+        return self
+
+
+class RouteConfig(_Strict):
+    providers: Annotated[tuple[str, ...], Field(min_length=1)]
+    per_try_timeout_s: PositiveFloat = 30.0
+    description: str = ""
+
+
+class RetryConfig(_Strict):
+    attempts: PositiveInt = 3
+    base_s: PositiveFloat = 0.5
+    factor: Annotated[float, Field(ge=1.0)] = 2.0
+    cap_s: PositiveFloat = 8.0
+    jitter: Literal["full", "equal", "decorrelated", "none"] = "full"
+    budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    budget_floor_per_s: NonNegFloat = 1.0
+    retry_timeouts_on_same_provider: bool = False
+
+
+class BreakerConfig(_Strict):
+    consecutive_failures: PositiveInt = 5
+    failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5
+    window_s: PositiveFloat = 30.0
+    minimum_calls: PositiveInt = 10
+    recovery_s: PositiveFloat = 30.0
+    recovery_jitter: Annotated[float, Field(ge=0, le=1)] = 0.2
+
+
+class RateConfig(_Strict):
+    rate_per_s: PositiveFloat
+    burst: PositiveFloat
+
+
+class RateLimitsConfig(_Strict):
+    per_user: RateConfig | None = None
+    per_tenant: RateConfig | None = None
+
+
+class DegradeConfig(_Strict):
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+
+
+class BudgetConfig(_Strict):
+    calls: PositiveInt | None = None
+    tokens: PositiveInt | None = None
+    cost_usd: PositiveFloat | None = None
+    degrade_at: Annotated[float, Field(gt=0, le=1)] = 0.8
+    degrade: DegradeConfig = DegradeConfig()
+    default_max_tokens: PositiveInt = 1024
+
+
+class Price(_Strict):
+    input_per_1k: NonNegFloat = 0.0
+    output_per_1k: NonNegFloat = 0.0
+
+
+class AdmissionConfig(_Strict):
+    classes: Annotated[tuple[str, ...], Field(min_length=1)] = ("critical", "standard", "batch")
+    slots: PositiveInt = 64
+    queue_cap: PositiveInt = 256
+    tenant_max_in_flight: PositiveInt | None = None
+    tenant_max_waiting: PositiveInt | None = None
+    mode: Literal["queue_cap", "deadline"] = "deadline"
+    service_rate: PositiveFloat | None = None
+    dequeue: Literal["fifo", "strict", "weighted"] = "strict"
+    weights: dict[str, PositiveFloat] | None = None
+    priority_at_admission: bool = True
+
+
+class IdempotencyConfig(_Strict):
+    ttl_s: PositiveFloat = 86_400.0
+    wait_s: NonNegFloat = 5.0
+
+
+class CacheConfig(_Strict):
+    enabled: bool = True
+    ttl_s: PositiveFloat = 300.0
+    stale_ttl_s: NonNegFloat = 86_400.0
+
+
+class LoggingConfig(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json_lines: bool = True
+
+
+class Config(_Strict):
+    profile: Profile = Profile.DEV
+    server: ServerConfig = ServerConfig()
+    auth: AuthConfig = AuthConfig()
+    state: StateConfig = StateConfig()
+    providers: Annotated[dict[str, ProviderConfig], Field(min_length=1)]
+    models: Annotated[dict[str, RouteConfig], Field(min_length=1)]
+    retry: RetryConfig = RetryConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    rate_limits: RateLimitsConfig = RateLimitsConfig()
+    budgets: BudgetConfig | None = None
+    prices: dict[str, Price] = {}
+    admission: AdmissionConfig = AdmissionConfig()
+    idempotency: IdempotencyConfig = IdempotencyConfig()
+    cache: CacheConfig = CacheConfig()
+    logging: LoggingConfig = LoggingConfig()
+    default_data_class: str = "internal"
+
+    @model_validator(mode="after")
+    def _routes_name_known_providers(self) -> Config:
+        for alias, route in self.models.items():
+            for name in route.providers:
+                if name not in self.providers:
+                    raise ValueError(
+                        f"models.{alias}.providers names {name!r}, which is not under providers"
+                    )
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+
+_PINNED = re.compile(r"(^|[-:/])latest$")
+
+
+def profile_problems(config: Config) -> list[str]:
+    """What the configured profile forbids; empty when the config may start."""
+    if config.profile is not Profile.PRODUCTION:
+        return []
+    problems = []
+    if config.auth.keys_file is None:
+        problems.append("production needs authentication: set auth.keys_file")
+    limits = config.rate_limits
+    if limits.per_user is None and limits.per_tenant is None:
+        problems.append("production needs rate limits: set rate_limits.per_user or per_tenant")
+    if config.budgets is None:
+        problems.append("production needs budgets: set budgets")
+    if not config.state.url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        problems.append(
+            f"production needs a durable state URL (sqlite:/// or postgresql://), not {config.state.url!r}"
+        )
+    for name, provider in config.providers.items():
+        if provider.type == "fake":
+            problems.append(f"production must not use the fake provider (providers.{name})")
+        if _PINNED.search(provider.model):
+            problems.append(
+                f"production needs pinned model ids: providers.{name}.model is {provider.model!r}"
+            )
+    return problems
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _secret_hint(error: Mapping[str, Any]) -> str:
+    leaf = str(error["loc"][-1]) if error["loc"] else ""
+    if error["type"] == "extra_forbidden" and leaf.lower() in SECRET_KEY_NAMES:
+        return f" (secrets are read from files only: use {leaf}_file)"
+    return ""
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> list[str]:
+    applied = []
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "TEST_"):
+            continue
+        if name == ENV_PREFIX + "CONFIG":
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{name}: {'.'.join(path)} does not name a section")
+            node = child
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+        applied.append(name)
+    return applied
+
+
+def _check_secret_files(config: Config, base: Path) -> None:
+    files: list[tuple[str, Path | None]] = [
+        ("auth.keys_file", config.auth.keys_file),
+        ("auth.admin_keys_file", config.auth.admin_keys_file),
+    ]
+    files += [(f"providers.{n}.api_key_file", p.api_key_file) for n, p in config.providers.items()]
+    for key, path in files:
+        if path is None:
+            continue
+        resolved = path if path.is_absolute() else base / path
+        if not resolved.is_file():
+            raise ConfigError(f"{key}: secret file {str(path)!r} does not exist or is not a file")
+
+
+def resolve(config_path: Path, path: Path) -> Path:
+    """A path from the config, relative to the config file's folder."""
+    return path if path.is_absolute() else config_path.parent / path
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read, override from the environment, validate, and apply the profile's rules.
+
+    Raises :class:`ConfigError` whose message names the file and the exact key at fault.
+    """
+    path = Path(path)
+    env = os.environ if env is None else env
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    overridden = _apply_env(data, env)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = _loc(error["loc"])
+            if error["type"] == "extra_forbidden":
+                lines.append(f"unknown key {where!r}{_secret_hint(error)}")
+            else:
+                lines.append(f"{where}: {error['msg']}")
+        origin = f" (with overrides {', '.join(overridden)})" if overridden else ""
+        raise ConfigError(f"{path}{origin}: " + "; ".join(lines)) from None
+    _check_secret_files(config, path.parent)
+    problems = profile_problems(config)
+    if problems:
+        raise ConfigError(
+            f"{path}: profile {config.profile.value} refuses to start: " + "; ".join(problems)
+        )
+    return config

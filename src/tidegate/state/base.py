@@ -1,0 +1,106 @@
+"""Small store protocols for the state the gateway shares, and the values they hold.
+
+One protocol per kind of state, each with the few operations the pipeline needs; every operation
+that decides something (claim a key, take a token) is atomic in the store. Stores read time from
+an injected :class:`~tidegate.clock.Clock` via ``clock.wall()``: wall time, because the values
+outlive the process and may be shared between processes.
+
+Every backend wraps its driver's exceptions into :class:`~tidegate.errors.StoreError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+__all__ = [
+    "AuditRecord",
+    "CacheEntry",
+    "CacheStore",
+    "Claim",
+    "ClaimOutcome",
+    "FlagStore",
+    "IdempotencyStore",
+    "StoredResponse",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A finished HTTP answer kept for replay: status, the headers worth replaying, the body."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class ClaimOutcome(StrEnum):
+    CLAIMED = "claimed"  # this caller runs the request and must complete() or abandon()
+    REPLAY = "replay"  # a finished answer is stored: send it again
+    IN_PROGRESS = "in_progress"  # another caller holds the key right now
+    MISMATCH = "mismatch"  # the key was used with another request body
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    outcome: ClaimOutcome
+    token: str = ""
+    response: StoredResponse | None = None
+
+
+class IdempotencyStore(Protocol):
+    async def claim(self, key: str, fingerprint: str, *, lease_s: float) -> Claim:
+        """Atomically take ``key`` for ``lease_s`` seconds, or say why not."""
+        ...
+
+    async def complete(
+        self, key: str, token: str, response: StoredResponse, *, ttl_s: float
+    ) -> bool:
+        """Store the answer under a claim this caller holds; False if the claim was lost."""
+        ...
+
+    async def abandon(self, key: str, token: str) -> bool:
+        """Give the key up so a retry may run; False if the claim was already gone."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    value: bytes
+    stored_at: float
+    fresh: bool
+
+
+class CacheStore(Protocol):
+    async def get(self, key: str, *, allow_stale: bool = False) -> CacheEntry | None:
+        """The entry under ``key``: fresh ones always, stale ones only when asked."""
+        ...
+
+    async def put(self, key: str, value: bytes, *, ttl_s: float, stale_ttl_s: float = 0.0) -> None:
+        """Keep ``value`` fresh for ``ttl_s`` and, after that, stale for ``stale_ttl_s`` more."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    flag: str
+    old: Any
+    new: Any
+    who: str
+    why: str
+    at: float
+
+
+class FlagStore(Protocol):
+    async def values(self) -> dict[str, Any]:
+        """Every flag that was ever set, by name (JSON values)."""
+        ...
+
+    async def set(self, flag: str, value: Any, *, who: str, why: str) -> AuditRecord:
+        """Change one flag and append its audit record, in one atomic step."""
+        ...
+
+    async def history(self, flag: str | None = None, *, limit: int = 100) -> list[AuditRecord]:
+        """Audit records, newest first."""
+        ...

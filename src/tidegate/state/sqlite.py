@@ -1,0 +1,256 @@
+"""The embedded default (``sqlite:///path``): every store in one SQLite file in WAL mode.
+
+SQLite calls are short and local, so they run inline on the event loop instead of hopping to a
+thread (a hop costs more than the statement). Writers serialise on the database's write lock:
+``BEGIN IMMEDIATE`` makes each deciding read-modify-write atomic across the processes that share the
+file, and ``busy_timeout`` bounds how long one waits before the store reports a ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from tidegate.clock import Clock
+from tidegate.errors import StoreError
+from tidegate.state.base import (
+    AuditRecord,
+    CacheEntry,
+    Claim,
+    ClaimOutcome,
+    StoredResponse,
+)
+
+__all__ = ["SQLiteCacheStore", "SQLiteDatabase", "SQLiteFlagStore", "SQLiteIdempotencyStore"]
+
+T = TypeVar("T")
+
+#: Forward-only migrations; the index + 1 is the schema version it brings.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE idempotency (
+        key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, token TEXT NOT NULL,
+        status INTEGER, headers BLOB, body BLOB, expires REAL NOT NULL);
+    CREATE TABLE cache (
+        key TEXT PRIMARY KEY, value BLOB NOT NULL, stored REAL NOT NULL,
+        fresh_until REAL NOT NULL, stale_until REAL NOT NULL);
+    CREATE INDEX cache_stale_until ON cache (stale_until);
+    CREATE TABLE flags (name TEXT PRIMARY KEY, value BLOB NOT NULL, updated REAL NOT NULL);
+    CREATE TABLE flag_audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, flag TEXT NOT NULL, old BLOB, new BLOB,
+        who TEXT NOT NULL, why TEXT NOT NULL, at REAL NOT NULL);
+    CREATE TABLE buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL, updated REAL NOT NULL);
+    CREATE TABLE quotas (key TEXT PRIMARY KEY, usage BLOB NOT NULL);
+    """,
+)
+
+
+class SQLiteDatabase:
+    """One connection to one file, shared by every SQLite store of a process."""
+
+    def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(
+                self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout_s: float = 0.5) -> SQLiteDatabase:
+        if not url.startswith("sqlite://"):
+            raise ValueError(f"not a sqlite URL: {url!r}")
+        rest = url[len("sqlite://") :]
+        path = rest[1:] if rest.startswith("/") else rest
+        return cls(path or ":memory:", timeout_s=timeout_s)
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in filter(str.strip, script.split(";")):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={number}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``: one atomic decision, rolled back on any error."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` in one transaction, turning driver errors into ``StoreError``."""
+        try:
+            with self.transaction() as conn:
+                return work(conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
+
+    def ping(self) -> None:
+        try:
+            self._conn.execute("SELECT 1").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class SQLiteIdempotencyStore:
+    def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def claim(self, key: str, fingerprint: str, *, lease_s: float) -> Claim:
+        now = self._clock.wall()
+        token = secrets.token_hex(8)
+
+        def work(conn: sqlite3.Connection) -> Claim:
+            conn.execute("DELETE FROM idempotency WHERE key = ? AND expires <= ?", (key, now))
+            inserted = conn.execute(
+                "INSERT OR IGNORE INTO idempotency (key, fingerprint, token, expires)"
+                " VALUES (?, ?, ?, ?)",
+                (key, fingerprint, token, now + lease_s),
+            ).rowcount
+            if inserted == 1:
+                return Claim(ClaimOutcome.CLAIMED, token=token)
+            held_fp, status, headers, body = conn.execute(
+                "SELECT fingerprint, status, headers, body FROM idempotency WHERE key = ?", (key,)
+            ).fetchone()
+            if held_fp != fingerprint:
+                return Claim(ClaimOutcome.MISMATCH)
+            if status is None:
+                return Claim(ClaimOutcome.IN_PROGRESS)
+            stored = StoredResponse(int(status), bytes(body), orjson.loads(headers))
+            return Claim(ClaimOutcome.REPLAY, response=stored)
+
+        return self._db.run(work)
+
+    async def complete(
+        self, key: str, token: str, response: StoredResponse, *, ttl_s: float
+    ) -> bool:
+        expires = self._clock.wall() + ttl_s
+        headers = orjson.dumps(response.headers)
+        return self._db.run(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE idempotency SET status = ?, headers = ?, body = ?, expires = ?"
+                    " WHERE key = ? AND token = ? AND status IS NULL",
+                    (response.status, headers, response.body, expires, key, token),
+                ).rowcount
+                == 1
+            )
+        )
+
+    async def abandon(self, key: str, token: str) -> bool:
+        return self._db.run(
+            lambda conn: (
+                conn.execute(
+                    "DELETE FROM idempotency WHERE key = ? AND token = ? AND status IS NULL",
+                    (key, token),
+                ).rowcount
+                == 1
+            )
+        )
+
+
+class SQLiteCacheStore:
+    def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def get(self, key: str, *, allow_stale: bool = False) -> CacheEntry | None:
+        now = self._clock.wall()
+
+        def work(conn: sqlite3.Connection) -> CacheEntry | None:
+            row = conn.execute(
+                "SELECT value, stored, fresh_until FROM cache WHERE key = ? AND stale_until > ?",
+                (key, now),
+            ).fetchone()
+            if row is None:
+                return None
+            fresh = now < row[2]
+            if not fresh and not allow_stale:
+                return None
+            return CacheEntry(bytes(row[0]), float(row[1]), fresh)
+
+        return self._db.run(work)
+
+    async def put(self, key: str, value: bytes, *, ttl_s: float, stale_ttl_s: float = 0.0) -> None:
+        now = self._clock.wall()
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM cache WHERE stale_until <= ?", (now,))
+            conn.execute(
+                "INSERT OR REPLACE INTO cache (key, value, stored, fresh_until, stale_until)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (key, value, now, now + ttl_s, now + ttl_s + stale_ttl_s),
+            )
+
+        self._db.run(work)
+
+
+def _load(blob: bytes | None) -> Any:
+    return None if blob is None else orjson.loads(blob)
+
+
+class SQLiteFlagStore:
+    def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def values(self) -> dict[str, Any]:
+        rows = self._db.run(lambda conn: conn.execute("SELECT name, value FROM flags").fetchall())
+        return {name: orjson.loads(value) for name, value in rows}
+
+    async def set(self, flag: str, value: Any, *, who: str, why: str) -> AuditRecord:
+        now = self._clock.wall()
+        new = orjson.dumps(value)
+
+        def work(conn: sqlite3.Connection) -> AuditRecord:
+            row = conn.execute("SELECT value FROM flags WHERE name = ?", (flag,)).fetchone()
+            old = None if row is None else row[0]
+            conn.execute(
+                "INSERT OR REPLACE INTO flags (name, value, updated) VALUES (?, ?, ?)",
+                (flag, new, now),
+            )
+            conn.execute(
+                "INSERT INTO flag_audit (flag, old, new, who, why, at) VALUES (?, ?, ?, ?, ?, ?)",
+                (flag, old, new, who, why, now),
+            )
+            return AuditRecord(flag, _load(old), value, who, why, now)
+
+        return self._db.run(work)
+
+    async def history(self, flag: str | None = None, *, limit: int = 100) -> list[AuditRecord]:
+        query = "SELECT flag, old, new, who, why, at FROM flag_audit"
+        params: tuple[Any, ...] = ()
+        if flag is not None:
+            query += " WHERE flag = ?"
+            params = (flag,)
+        query += " ORDER BY id DESC LIMIT ?"
+        rows = self._db.run(lambda conn: conn.execute(query, (*params, limit)).fetchall())
+        return [AuditRecord(f, _load(o), _load(n), w, y, a) for f, o, n, w, y, a in rows]
