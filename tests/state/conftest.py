@@ -7,13 +7,21 @@ from pathlib import Path
 import pytest
 
 from tidegate.clock import ManualClock
-from tidegate.state.base import CacheStore, FlagStore, IdempotencyStore
-from tidegate.state.memory import MemoryCacheStore, MemoryFlagStore, MemoryIdempotencyStore
+from tidegate.state.base import BucketStore, CacheStore, FlagStore, IdempotencyStore, QuotaStore
+from tidegate.state.memory import (
+    MemoryBucketStore,
+    MemoryCacheStore,
+    MemoryFlagStore,
+    MemoryIdempotencyStore,
+    MemoryQuotaStore,
+)
 from tidegate.state.sqlite import (
+    SQLiteBucketStore,
     SQLiteCacheStore,
     SQLiteDatabase,
     SQLiteFlagStore,
     SQLiteIdempotencyStore,
+    SQLiteQuotaStore,
 )
 
 
@@ -24,6 +32,8 @@ class Backend:
     idempotency: IdempotencyStore
     cache: CacheStore
     flags: FlagStore
+    buckets: BucketStore
+    quotas: QuotaStore
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -37,6 +47,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             MemoryIdempotencyStore(clock),
             MemoryCacheStore(clock),
             MemoryFlagStore(clock),
+            MemoryBucketStore(clock),
+            MemoryQuotaStore(clock),
         )
         return
     db = SQLiteDatabase(tmp_path / "state.db")
@@ -46,5 +58,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         SQLiteIdempotencyStore(db, clock),
         SQLiteCacheStore(db, clock),
         SQLiteFlagStore(db, clock),
+        SQLiteBucketStore(db, clock),
+        SQLiteQuotaStore(db, clock),
     )
     db.close()

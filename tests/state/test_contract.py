@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tidegate.state.base import ClaimOutcome, StoredResponse
 from tests.state.conftest import Backend
+from tidegate.policy.budget import BudgetOptions, BudgetVerdict, Cost, Quota
+from tidegate.policy.ratelimit import BucketOptions
+from tidegate.state.base import ClaimOutcome, StoredResponse
 
 pytestmark = pytest.mark.asyncio
 
@@ -32,9 +34,13 @@ async def test_completed_key_replays_the_stored_response(backend: Backend) -> No
 async def test_same_key_other_body_is_a_mismatch(backend: Backend) -> None:
     """A key reused with a different fingerprint is refused, running or done."""
     claim = await backend.idempotency.claim("k", "fp", lease_s=30)
-    assert (await backend.idempotency.claim("k", "other", lease_s=30)).outcome is ClaimOutcome.MISMATCH
+    assert (
+        await backend.idempotency.claim("k", "other", lease_s=30)
+    ).outcome is ClaimOutcome.MISMATCH
     await backend.idempotency.complete("k", claim.token, ANSWER, ttl_s=60)
-    assert (await backend.idempotency.claim("k", "other", lease_s=30)).outcome is ClaimOutcome.MISMATCH
+    assert (
+        await backend.idempotency.claim("k", "other", lease_s=30)
+    ).outcome is ClaimOutcome.MISMATCH
 
 
 async def test_abandoned_key_may_run_again(backend: Backend) -> None:
@@ -106,3 +112,57 @@ async def test_flag_changes_are_audited(backend: Backend) -> None:
         (None, "unavailable", "oncall", "provider down", 1_000_000.0),
     ]
     assert len(await backend.flags.history(limit=2)) == 2
+
+
+BUCKET = BucketOptions(rate=2.0, burst=3.0)
+
+
+async def test_bucket_allows_its_burst_then_refuses_with_a_wait(backend: Backend) -> None:
+    """Three takes pass, the fourth is refused with the refill time; refill lets one more in."""
+    results = [await backend.buckets.take("u", BUCKET) for _ in range(4)]
+    assert [r.allowed for r in results] == [True, True, True, False]
+    assert results[3].retry_after == 0.5
+    backend.clock.advance(0.5)
+    assert (await backend.buckets.take("u", BUCKET)).allowed
+    assert (await backend.buckets.take("other", BUCKET)).allowed
+
+
+QUOTA = BudgetOptions(quota=Quota(calls=5, tokens=1000), degrade_at=0.8)
+
+
+async def test_budget_degrades_then_blocks_until_midnight(backend: Backend) -> None:
+    """Calls 1-4 are allowed, the 5th degrades, the 6th blocks until the next UTC midnight."""
+    verdicts = []
+    for _ in range(6):
+        reservation, decision = await backend.quotas.reserve("u", QUOTA, Cost(calls=1, tokens=10))
+        verdicts.append(decision.verdict)
+        if reservation is not None:
+            assert await backend.quotas.settle(reservation, Cost(calls=1, tokens=10))
+    assert verdicts == [BudgetVerdict.ALLOW] * 4 + [BudgetVerdict.DEGRADE, BudgetVerdict.BLOCK]
+    _, blocked = await backend.quotas.reserve("u", QUOTA, Cost(calls=1))
+    assert blocked.retry_after == 86_400 - (1_000_000.0 % 86_400)
+    usage = await backend.quotas.usage("u")
+    assert (usage.calls, usage.tokens, usage.reserved_calls) == (5, 50, 0)
+
+
+async def test_budget_settles_and_refunds_once(backend: Backend) -> None:
+    """A reservation closes once: a second settle or a refund after it changes nothing."""
+    reservation, _ = await backend.quotas.reserve("u", QUOTA, Cost(calls=1, tokens=100))
+    assert reservation is not None
+    assert (await backend.quotas.usage("u")).reserved_tokens == 100
+    assert await backend.quotas.refund(reservation)
+    assert not await backend.quotas.settle(reservation, Cost(calls=1, tokens=100))
+    assert not await backend.quotas.refund(reservation)
+    usage = await backend.quotas.usage("u")
+    assert (usage.calls, usage.tokens, usage.reserved_tokens) == (0, 0, 0)
+
+
+async def test_budget_resets_on_a_new_day(backend: Backend) -> None:
+    """Yesterday's use does not count today."""
+    for _ in range(5):
+        reservation, _ = await backend.quotas.reserve("u", QUOTA, Cost(calls=1))
+        assert reservation is not None
+        await backend.quotas.settle(reservation, Cost(calls=1))
+    backend.clock.advance(86_400)
+    _, decision = await backend.quotas.reserve("u", QUOTA, Cost(calls=1))
+    assert decision.verdict is BudgetVerdict.ALLOW

@@ -14,14 +14,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from tidegate.policy.budget import BudgetDecision, BudgetOptions, Cost, Reservation, Usage
+from tidegate.policy.ratelimit import BucketOptions, TakeResult
+
 __all__ = [
     "AuditRecord",
+    "BucketStore",
     "CacheEntry",
     "CacheStore",
     "Claim",
     "ClaimOutcome",
     "FlagStore",
     "IdempotencyStore",
+    "QuotaStore",
     "StoredResponse",
 ]
 
@@ -103,4 +108,32 @@ class FlagStore(Protocol):
 
     async def history(self, flag: str | None = None, *, limit: int = 100) -> list[AuditRecord]:
         """Audit records, newest first."""
+        ...
+
+
+class BucketStore(Protocol):
+    """Token buckets by key; ``take`` is one atomic read-refill-take-write."""
+
+    async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult: ...
+
+
+class QuotaStore(Protocol):
+    """Daily budgets by subject, with the open reservations that make settle-once possible."""
+
+    async def reserve(
+        self, subject: str, options: BudgetOptions, estimate: Cost
+    ) -> tuple[Reservation | None, BudgetDecision]:
+        """Decide and hold ``estimate`` atomically; a block holds nothing."""
+        ...
+
+    async def settle(self, reservation: Reservation, actual: Cost) -> bool:
+        """Turn an open reservation into use; False if it was already settled or refunded."""
+        ...
+
+    async def refund(self, reservation: Reservation) -> bool:
+        """Drop an open reservation; False if it was already settled or refunded."""
+        ...
+
+    async def usage(self, subject: str) -> Usage:
+        """Today's use for ``subject``."""
         ...

@@ -11,6 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidegate.clock import Clock
+from tidegate.policy.budget import (
+    BudgetDecision,
+    BudgetOptions,
+    Cost,
+    Reservation,
+    Usage,
+    day_number,
+    refund,
+    reserve,
+    rollover,
+    settle,
+)
+from tidegate.policy.ratelimit import BucketOptions, BucketState, TakeResult, full_bucket, take
 from tidegate.state.base import (
     AuditRecord,
     CacheEntry,
@@ -19,7 +32,13 @@ from tidegate.state.base import (
     StoredResponse,
 )
 
-__all__ = ["MemoryCacheStore", "MemoryFlagStore", "MemoryIdempotencyStore"]
+__all__ = [
+    "MemoryBucketStore",
+    "MemoryCacheStore",
+    "MemoryFlagStore",
+    "MemoryIdempotencyStore",
+    "MemoryQuotaStore",
+]
 
 
 @dataclass(slots=True)
@@ -115,3 +134,60 @@ class MemoryFlagStore:
     async def history(self, flag: str | None = None, *, limit: int = 100) -> list[AuditRecord]:
         rows = [r for r in reversed(self._audit) if flag is None or r.flag == flag]
         return rows[:limit]
+
+
+class MemoryBucketStore:
+    """Buckets in a dict; the options travel with each call, so one store serves every limit."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._states: dict[str, BucketState] = {}
+
+    async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
+        now = self._clock.wall()
+        state = self._states.get(key) or full_bucket(options, now)
+        self._states[key], result = take(state, options, now, n)
+        return result
+
+
+class MemoryQuotaStore:
+    """Usage by subject and the open reservations, kept with the pure budget functions."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._usage: dict[str, Usage] = {}
+        self._open: dict[str, Reservation] = {}
+
+    async def reserve(
+        self, subject: str, options: BudgetOptions, estimate: Cost
+    ) -> tuple[Reservation | None, BudgetDecision]:
+        now = self._clock.wall()
+        current = self._usage.get(subject) or Usage(day=day_number(now))
+        usage, reservation, decision = reserve(
+            current, options, now, estimate, subject=subject, reservation_id=secrets.token_hex(8)
+        )
+        self._usage[subject] = usage
+        if reservation is not None:
+            self._open[reservation.id] = reservation
+        return reservation, decision
+
+    async def settle(self, reservation: Reservation, actual: Cost) -> bool:
+        if self._open.pop(reservation.id, None) is None:
+            return False
+        self._usage[reservation.subject] = settle(
+            self._today(reservation.subject), reservation, actual
+        )
+        return True
+
+    async def refund(self, reservation: Reservation) -> bool:
+        if self._open.pop(reservation.id, None) is None:
+            return False
+        self._usage[reservation.subject] = refund(self._today(reservation.subject), reservation)
+        return True
+
+    def _today(self, subject: str) -> Usage:
+        now = self._clock.wall()
+        return rollover(self._usage.get(subject) or Usage(day=day_number(now)), now)
+
+    async def usage(self, subject: str) -> Usage:
+        return self._today(subject)

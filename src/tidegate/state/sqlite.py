@@ -8,6 +8,7 @@ file, and ``busy_timeout`` bounds how long one waits before the store reports a 
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -19,6 +20,19 @@ import orjson
 
 from tidegate.clock import Clock
 from tidegate.errors import StoreError
+from tidegate.policy.budget import (
+    BudgetDecision,
+    BudgetOptions,
+    Cost,
+    Reservation,
+    Usage,
+    day_number,
+    refund,
+    reserve,
+    rollover,
+    settle,
+)
+from tidegate.policy.ratelimit import BucketOptions, BucketState, TakeResult, full_bucket, take
 from tidegate.state.base import (
     AuditRecord,
     CacheEntry,
@@ -27,7 +41,14 @@ from tidegate.state.base import (
     StoredResponse,
 )
 
-__all__ = ["SQLiteCacheStore", "SQLiteDatabase", "SQLiteFlagStore", "SQLiteIdempotencyStore"]
+__all__ = [
+    "SQLiteBucketStore",
+    "SQLiteCacheStore",
+    "SQLiteDatabase",
+    "SQLiteFlagStore",
+    "SQLiteIdempotencyStore",
+    "SQLiteQuotaStore",
+]
 
 T = TypeVar("T")
 
@@ -46,7 +67,9 @@ MIGRATIONS: tuple[str, ...] = (
         id INTEGER PRIMARY KEY AUTOINCREMENT, flag TEXT NOT NULL, old BLOB, new BLOB,
         who TEXT NOT NULL, why TEXT NOT NULL, at REAL NOT NULL);
     CREATE TABLE buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL, updated REAL NOT NULL);
-    CREATE TABLE quotas (key TEXT PRIMARY KEY, usage BLOB NOT NULL);
+    CREATE TABLE quotas (subject TEXT PRIMARY KEY, usage BLOB NOT NULL);
+    CREATE TABLE reservations (
+        id TEXT PRIMARY KEY, subject TEXT NOT NULL, day INTEGER NOT NULL, amount BLOB NOT NULL);
     """,
 )
 
@@ -254,3 +277,107 @@ class SQLiteFlagStore:
         query += " ORDER BY id DESC LIMIT ?"
         rows = self._db.run(lambda conn: conn.execute(query, (*params, limit)).fetchall())
         return [AuditRecord(f, _load(o), _load(n), w, y, a) for f, o, n, w, y, a in rows]
+
+
+class SQLiteBucketStore:
+    def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
+        now = self._clock.wall()
+
+        def work(conn: sqlite3.Connection) -> TakeResult:
+            row = conn.execute(
+                "SELECT tokens, updated FROM buckets WHERE key = ?", (key,)
+            ).fetchone()
+            state = full_bucket(options, now) if row is None else BucketState(row[0], row[1])
+            new, result = take(state, options, now, n)
+            conn.execute(
+                "INSERT OR REPLACE INTO buckets (key, tokens, updated) VALUES (?, ?, ?)",
+                (key, new.tokens, new.updated),
+            )
+            return result
+
+        return self._db.run(work)
+
+
+def _usage_from(blob: bytes) -> Usage:
+    return Usage(**orjson.loads(blob))
+
+
+def _usage_blob(usage: Usage) -> bytes:
+    return orjson.dumps(dataclasses.asdict(usage))
+
+
+def _cost_blob(cost: Cost) -> bytes:
+    return orjson.dumps(dataclasses.asdict(cost))
+
+
+class SQLiteQuotaStore:
+    def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    @staticmethod
+    def _load(conn: sqlite3.Connection, subject: str, now: float) -> Usage:
+        row = conn.execute("SELECT usage FROM quotas WHERE subject = ?", (subject,)).fetchone()
+        usage = Usage(day=day_number(now)) if row is None else _usage_from(row[0])
+        return rollover(usage, now)
+
+    @staticmethod
+    def _store(conn: sqlite3.Connection, subject: str, usage: Usage) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO quotas (subject, usage) VALUES (?, ?)",
+            (subject, _usage_blob(usage)),
+        )
+
+    async def reserve(
+        self, subject: str, options: BudgetOptions, estimate: Cost
+    ) -> tuple[Reservation | None, BudgetDecision]:
+        now = self._clock.wall()
+        rid = secrets.token_hex(8)
+
+        def work(conn: sqlite3.Connection) -> tuple[Reservation | None, BudgetDecision]:
+            # Reservations of past days can no longer change anything (settle() ignores them).
+            conn.execute("DELETE FROM reservations WHERE day < ?", (day_number(now),))
+            usage, reservation, decision = reserve(
+                self._load(conn, subject, now),
+                options,
+                now,
+                estimate,
+                subject=subject,
+                reservation_id=rid,
+            )
+            self._store(conn, subject, usage)
+            if reservation is not None:
+                conn.execute(
+                    "INSERT INTO reservations (id, subject, day, amount) VALUES (?, ?, ?, ?)",
+                    (rid, subject, reservation.day, _cost_blob(estimate)),
+                )
+            return reservation, decision
+
+        return self._db.run(work)
+
+    def _close(self, reservation: Reservation, apply: Callable[[Usage], Usage]) -> bool:
+        now = self._clock.wall()
+
+        def work(conn: sqlite3.Connection) -> bool:
+            gone = conn.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,)).rowcount
+            if gone != 1:
+                return False
+            usage = self._load(conn, reservation.subject, now)
+            self._store(conn, reservation.subject, apply(usage))
+            return True
+
+        return self._db.run(work)
+
+    async def settle(self, reservation: Reservation, actual: Cost) -> bool:
+        return self._close(reservation, lambda usage: settle(usage, reservation, actual))
+
+    async def refund(self, reservation: Reservation) -> bool:
+        return self._close(reservation, lambda usage: refund(usage, reservation))
+
+    async def usage(self, subject: str) -> Usage:
+        now = self._clock.wall()
+        return self._db.run(lambda conn: self._load(conn, subject, now))
