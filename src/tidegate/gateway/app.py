@@ -1,0 +1,292 @@
+"""The ASGI application: routes, lifespan, disconnect handling, one log line per request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from tidegate import __version__
+from tidegate.errors import InvalidRequest, ModelNotFound, StoreError, TidegateError
+from tidegate.gateway.config import Config
+from tidegate.gateway.http import (
+    ClientDisconnected,
+    Receive,
+    Scope,
+    Send,
+    read_json,
+    request_headers,
+    send_bytes,
+    send_error,
+    send_json,
+)
+from tidegate.gateway.openapi import OPENAPI
+from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
+from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime, refresh_flags
+
+__all__ = ["Gateway"]
+
+log = structlog.get_logger("tidegate")
+
+Handler = Callable[[Runtime, Exchange, dict[str, str], dict[str, Any], Send], Awaitable[None]]
+POST_ROUTES: dict[str, Handler] = {
+    "/v1/chat/completions": chat_completions,
+    "/v1/embeddings": embeddings,
+}
+FLAG_REFRESH_S = 1.0
+
+
+class Gateway:
+    """An ASGI app; the runtime is built at lifespan start-up (or passed in by tests)."""
+
+    def __init__(
+        self,
+        config: Config,
+        config_path: Path,
+        *,
+        runtime: Runtime | None = None,
+        git_sha: str = "unknown",
+        **runtime_overrides: Any,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.runtime = runtime
+        self.git_sha = git_sha
+        self._overrides = runtime_overrides
+        self._refresher: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifespan
+
+    async def startup(self) -> None:
+        if self.runtime is None:
+            self.runtime = await build_runtime(
+                self.config, self.config_path, git_sha=self.git_sha, **self._overrides
+            )
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_flags_forever())
+
+    async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        if self.runtime is not None:
+            await close_runtime(self.runtime)
+
+    async def _refresh_flags_forever(self) -> None:
+        assert self.runtime is not None
+        while True:
+            await self.runtime.sleep(FLAG_REFRESH_S)
+            await refresh_flags(self.runtime)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.error("startup_failed", error=str(exc))
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ------------------------------------------------------------------ requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        rt = self.runtime
+        assert rt is not None, "the gateway received a request before start-up finished"
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if method == "POST" and path in POST_ROUTES:
+            await self._model_call(rt, POST_ROUTES[path], scope, receive, send)
+        elif method == "GET" and path in GET_ROUTES:
+            await GET_ROUTES[path](self, rt, scope, send)
+        elif path in POST_ROUTES or path in GET_ROUTES:
+            await send_json(
+                send,
+                405,
+                {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "method_not_allowed",
+                        "message": f"{method} is not allowed on {path}",
+                        "retryable": False,
+                    }
+                },
+            )
+        else:
+            await send_json(
+                send,
+                404,
+                {
+                    "error": {
+                        "type": "not_found_error",
+                        "code": "not_found",
+                        "message": f"no route {path}",
+                        "retryable": False,
+                    }
+                },
+            )
+
+    async def _model_call(
+        self, rt: Runtime, handler: Handler, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        headers = request_headers(scope)
+        ex = Exchange(request_id=new_request_id(headers))
+        started = rt.clock.now()
+        rt.in_flight += 1
+        rt.metrics.in_flight.set(rt.in_flight)
+        try:
+            try:
+                body = await read_json(receive, headers, rt.config.server.max_body_bytes)
+            except ClientDisconnected:
+                ex.outcome, ex.status = "client_closed", 499
+                return
+            except TidegateError as error:
+                ex.status = await send_error(send, error, [("x-request-id", ex.request_id)])
+                ex.outcome = error.code
+                return
+            responded = False
+
+            async def tracked_send(message: MutableMapping[str, Any]) -> None:
+                nonlocal responded
+                await send(message)
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    responded = True
+
+            await self._run_watching_disconnect(
+                handler(rt, ex, headers, body, tracked_send), receive, ex, lambda: responded
+            )
+        finally:
+            rt.in_flight -= 1
+            rt.metrics.in_flight.set(rt.in_flight)
+            elapsed = rt.clock.now() - started
+            rt.metrics.requests.labels(ex.route, ex.served_model, ex.served_by, ex.outcome).inc()
+            rt.metrics.latency.labels(ex.route, ex.outcome).observe(elapsed)
+            if ex.outcome not in ("ok",) and ex.status >= 400:
+                klass = ex.identity.priority if ex.identity else "-"
+                rt.metrics.refusals.labels(klass, ex.outcome).inc()
+            log.info(
+                "request",
+                request_id=ex.request_id,
+                route=ex.route,
+                tenant=ex.identity.tenant if ex.identity else None,
+                user=ex.identity.user if ex.identity else None,
+                status=ex.status,
+                outcome=ex.outcome,
+                served_by=ex.served_by,
+                model=ex.served_model,
+                tried=ex.tried_header(),
+                cache=ex.cache or None,
+                prompt_tokens=ex.usage.get("prompt_tokens"),
+                completion_tokens=ex.usage.get("completion_tokens"),
+                cost_usd=round(ex.cost, 8),
+                ttft_s=None if ex.first_token_s is None else round(ex.first_token_s, 4),
+                duration_s=round(elapsed, 4),
+            )
+
+    @staticmethod
+    async def _run_watching_disconnect(
+        work: Awaitable[None], receive: Receive, ex: Exchange, responded: Callable[[], bool]
+    ) -> None:
+        """Run ``work``; if the client disconnects first, cancel it (its settle is shielded).
+
+        A disconnect after the last byte was sent is the normal end of the exchange, not the
+        client going away: the work is left to finish its bookkeeping.
+        """
+        task = asyncio.ensure_future(work)
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
+        if not task.done() and not responded():
+            ex.outcome, ex.status = "client_closed", 499
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        else:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await task
+
+    # ------------------------------------------------------------------ GET routes
+
+    async def healthz(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        await send_json(send, 200, {"status": "ok"})
+
+    async def readyz(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        problems = rt.ready_problems()
+        try:
+            await rt.stores.ping()
+            store = "ok"
+        except StoreError as exc:
+            store = f"unreachable: {exc.message}"
+            problems.append("state store unreachable")
+        breakers = {name: b.state.value for name, b in rt.breakers.items()}
+        body = {
+            "status": "ready" if not problems else "not_ready",
+            "problems": problems,
+            "state_store": store,
+            "providers": sorted(rt.providers),
+            "breakers": breakers,
+        }
+        await send_json(send, 200 if not problems else 503, body)
+
+    async def metrics(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        rt.refresh_breaker_metrics()
+        await send_bytes(
+            send, 200, rt.metrics.exposition(), content_type="text/plain; version=0.0.4"
+        )
+
+    async def version(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        await send_json(send, 200, {"version": __version__, "git_sha": rt.git_sha})
+
+    async def openapi(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        await send_json(send, 200, OPENAPI)
+
+    async def models(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        data = [
+            {"id": alias, "object": "model", "created": 0, "owned_by": "tidegate"}
+            for alias in sorted(rt.routes)
+        ]
+        await send_json(send, 200, {"object": "list", "data": data})
+
+
+GET_ROUTES: dict[str, Callable[[Gateway, Runtime, Scope, Send], Awaitable[None]]] = {
+    "/healthz": Gateway.healthz,
+    "/readyz": Gateway.readyz,
+    "/metrics": Gateway.metrics,
+    "/version": Gateway.version,
+    "/openapi.json": Gateway.openapi,
+    "/v1/models": Gateway.models,
+}
+
+# Referenced so the import of these names is explicit about the 4xx the routes above can give.
+_ = (InvalidRequest, ModelNotFound)

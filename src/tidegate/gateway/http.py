@@ -1,0 +1,130 @@
+"""Raw ASGI plumbing: read a bounded body, send JSON, errors and server-sent events.
+
+The gateway speaks ASGI directly instead of through a web framework: the request path is a
+handful of routes, and every microsecond it adds is latency on every model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+import orjson
+
+from tidegate.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, http_error
+
+__all__ = [
+    "ClientDisconnected",
+    "Receive",
+    "Scope",
+    "Send",
+    "json_bytes",
+    "read_body",
+    "read_json",
+    "request_headers",
+    "send_bytes",
+    "send_error",
+    "send_json",
+    "start_stream",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """Lower-case header names to values (a repeated header keeps its last value)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
+    """The whole body, refusing with 413 as soon as it is known to be over ``limit`` bytes."""
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest("Content-Length is not a number")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body is over the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) -> dict[str, Any]:
+    """The body as a JSON object, or the documented 4xx for anything else."""
+    content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type and content_type != "application/json" and not content_type.endswith("+json"):
+        raise UnsupportedMediaType(f"expected application/json, got {content_type!r}")
+    body = await read_body(receive, headers, limit)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return data
+
+
+def json_bytes(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def _header_list(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+async def send_bytes(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[str, str]] = (),
+    *,
+    content_type: str = "application/json",
+) -> None:
+    raw = _header_list(headers)
+    raw.append((b"content-type", content_type.encode("latin-1")))
+    raw.append((b"content-length", str(len(body)).encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(
+    send: Send, status: int, value: Any, headers: Iterable[tuple[str, str]] = ()
+) -> None:
+    await send_bytes(send, status, orjson.dumps(value), headers)
+
+
+async def send_error(
+    send: Send, error: BaseException, headers: Iterable[tuple[str, str]] = ()
+) -> int:
+    """Answer with ``error``'s one status and body; returns the status."""
+    status, body, extra = http_error(error)
+    await send_json(send, status, body, [*headers, *extra.items()])
+    return status
+
+
+async def start_stream(send: Send, headers: Iterable[tuple[str, str]] = ()) -> None:
+    """Begin a ``text/event-stream`` response; events follow as body chunks."""
+    raw = _header_list(headers)
+    raw += [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": raw})

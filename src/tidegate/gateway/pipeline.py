@@ -1,0 +1,935 @@
+"""The request path of ``POST /v1/chat/completions``, in the order a request meets it.
+
+identify -> flags -> rate limit -> budget -> deadline -> idempotency -> cache and single-flight ->
+admission -> route -> call (retries, breaker, failover) -> answer -> settle (shielded).
+
+Each step asks a policy object from :mod:`tidegate.policy`; this module only sequences them,
+turns their verdicts into HTTP, and makes sure the bookkeeping happens whatever goes wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import structlog
+
+from tidegate.errors import (
+    CircuitOpen,
+    Forbidden,
+    IdempotencyConflict,
+    IdempotencyMismatch,
+    InvalidRequest,
+    ModelNotFound,
+    ProviderError,
+    ProviderErrorKind,
+    RateLimited,
+    StoreError,
+    error_body,
+    http_error,
+)
+from tidegate.gateway.auth import Identity
+from tidegate.gateway.http import Send, send_bytes, start_stream
+from tidegate.gateway.runtime import Flight, Route, Runtime
+from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
+from tidegate.policy.deadline import Deadline
+from tidegate.policy.flags import check_answering
+from tidegate.policy.ratelimit import ratelimit_headers
+from tidegate.policy.retry import RetryBudgetDenied, RetryEvent, RetryScheduled, acall_with_deadline
+from tidegate.policy.routing import (
+    ProviderSpec,
+    RoutePlan,
+    Skip,
+    SkipReason,
+    describe_attempts,
+    next_candidates,
+    plan_route,
+    retry_same,
+)
+from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
+from tidegate.state.base import ClaimOutcome, StoredResponse
+
+__all__ = ["Exchange", "chat_completions", "embeddings"]
+
+log = structlog.get_logger("tidegate")
+
+#: Errors that say nothing about the provider's health: the breaker permit is released.
+NOT_EVIDENCE = frozenset(
+    {
+        ProviderErrorKind.BAD_REQUEST,
+        ProviderErrorKind.CONTEXT_LENGTH,
+        ProviderErrorKind.CONTENT_FILTER,
+        ProviderErrorKind.CANCELLED,
+    }
+)
+#: How often a request waiting on an in-progress idempotency key looks again.
+IDEMPOTENCY_POLL_S = 0.05
+DEADLINE_HEADER = "x-tidegate-deadline-ms"
+PRIORITY_HEADER = "x-tidegate-priority"
+
+
+@dataclass
+class Exchange:
+    """What one request did, for its response headers, its log line and its metrics."""
+
+    request_id: str
+    route: str = "-"
+    identity: Identity | None = None
+    served_by: str = "-"
+    served_model: str = "-"
+    outcome: str = "ok"
+    status: int = 200
+    cache: str = ""
+    budget: str = ""
+    tried: list[tuple[str, ProviderErrorKind | SkipReason | None]] = field(default_factory=list)
+    skipped: tuple[Skip, ...] = ()
+    usage: dict[str, int] = field(default_factory=dict)
+    cost: float = 0.0
+    first_token_s: float | None = None
+
+    def tried_header(self) -> str:
+        return describe_attempts(self.tried, self.skipped)
+
+    def answer_headers(self) -> list[tuple[str, str]]:
+        headers = [("x-request-id", self.request_id)]
+        if self.served_by != "-":
+            headers.append(("x-tidegate-served-by", self.served_by))
+        tried = self.tried_header()
+        if tried:
+            headers.append(("x-tidegate-tried", tried))
+        if self.cache:
+            headers.append(("x-tidegate-cache", self.cache))
+        if self.budget:
+            headers.append(("x-tidegate-budget", self.budget))
+        return headers
+
+
+# --------------------------------------------------------------------------- request checks
+
+
+def validate_chat(body: Mapping[str, Any]) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' must be a non-empty string")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a 'role'")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise InvalidRequest("'stream' must be true or false")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+        raise InvalidRequest("'max_tokens' must be a positive integer")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object")
+
+
+def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
+    """The request's deadline from config, shortened (never lengthened) by the caller's header."""
+    deadline = Deadline.after(rt.clock, rt.config.server.request_timeout_s)
+    raw = headers.get(DEADLINE_HEADER)
+    if raw is None:
+        return deadline
+    try:
+        millis = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{DEADLINE_HEADER} must be whole milliseconds, got {raw!r}") from None
+    if millis <= 0:
+        raise InvalidRequest(f"{DEADLINE_HEADER} must be positive, got {millis}")
+    return deadline.shorten(millis / 1000.0)
+
+
+def identify(rt: Runtime, headers: Mapping[str, str]) -> Identity:
+    if rt.config.auth.keys_file is None and len(rt.keys) == 0:
+        # No keys configured (dev only: production refuses to start like this).
+        classes = rt.config.admission.classes
+        return Identity(
+            "anonymous",
+            "anonymous",
+            "anonymous",
+            classes[min(1, len(classes) - 1)],
+            rt.config.default_data_class,
+            frozenset({"*"}),
+        )
+    return rt.keys.identify(headers.get("authorization"))
+
+
+def canonical(body: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """About four characters a token: good enough to reserve a budget, never to bill."""
+    chars = 0
+    for message in body.get("messages", ()):
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(
+                len(str(part.get("text", ""))) for part in content if isinstance(part, dict)
+            )
+    return max(1, chars // 4)
+
+
+def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -> float:
+    entry = rt.prices.get(model)
+    if entry is None:
+        return 0.0
+    return (prompt_tokens * entry.input_per_1k + completion_tokens * entry.output_per_1k) / 1000.0
+
+
+# --------------------------------------------------------------------------- limits
+
+
+async def apply_rate_limits(rt: Runtime, identity: Identity) -> None:
+    checks = (
+        (rt.user_bucket, f"user:{identity.tenant}:{identity.user}", "per-user"),
+        (rt.tenant_bucket, f"tenant:{identity.tenant}", "per-tenant"),
+    )
+    for options, key, name in checks:
+        if options is None:
+            continue
+        result = await rt.take_bucket(key, options)
+        if not result.allowed:
+            retry_after = result.retry_after if result.retry_after != float("inf") else None
+            refusal = RateLimited(
+                f"{name} rate limit: {options.burst:g} requests, refilling {options.rate:g}/s",
+                policy="ratelimit",
+                retry_after=retry_after,
+                reason=name,
+            )
+            refusal.headers = ratelimit_headers(options, result, policy_name=name)  # type: ignore[attr-defined]
+            raise refusal
+
+
+async def reserve_budget(
+    rt: Runtime, identity: Identity, body: dict[str, Any], ex: Exchange
+) -> tuple[Reservation | None, str]:
+    """Hold the estimated cost; returns the reservation and the route alias (maybe degraded)."""
+    alias = body["model"]
+    if rt.budget is None or rt.config.budgets is None:
+        return None, alias
+    budgets = rt.config.budgets
+    max_tokens = body.get("max_tokens") or budgets.default_max_tokens
+    prompt = estimate_prompt_tokens(body)
+    model = rt.provider_configs[rt.routes[alias].specs[0].name].model
+    estimate = Cost(calls=1, tokens=prompt + max_tokens, cost=price(rt, model, prompt, max_tokens))
+    subject = f"{identity.tenant}:{identity.user}"
+    try:
+        reservation, decision = await rt.stores.quotas.reserve(subject, rt.budget, estimate)
+    except StoreError:
+        rt.metrics.store_errors.labels("quotas", "fail_closed").inc()
+        raise
+    if decision.verdict is BudgetVerdict.BLOCK:
+        dimension = decision.reason.value if decision.reason is not None else "calls"
+        rt.metrics.budget_denials.labels(dimension).inc()
+        retry_after = decision.retry_after if decision.retry_after != float("inf") else None
+        from tidegate.errors import BudgetExceeded
+
+        raise BudgetExceeded(
+            f"the daily {dimension} budget is spent", policy="budget", retry_after=retry_after
+        )
+    if decision.verdict is BudgetVerdict.DEGRADE:
+        rt.metrics.budget_degraded.inc()
+        ex.budget = "degraded"
+        if budgets.degrade.max_tokens is not None:
+            body["max_tokens"] = min(max_tokens, budgets.degrade.max_tokens)
+        if budgets.degrade.model is not None and budgets.degrade.model in rt.routes:
+            alias = budgets.degrade.model
+    return reservation, alias
+
+
+# --------------------------------------------------------------------------- routing and calls
+
+
+def plan_for(rt: Runtime, route: Route, identity: Identity) -> RoutePlan:
+    approved = {n for n, cfg in rt.provider_configs.items() if cfg.approved_fallback}
+    open_breakers = {s.name for s in route.specs if not rt.breakers[s.name].would_admit()}
+    return plan_route(
+        route.specs, data_class=identity.data_class, approved=approved, open_breakers=open_breakers
+    )
+
+
+def no_candidates(rt: Runtime, plan: RoutePlan, identity: Identity) -> Exception:
+    if any(s.reason is SkipReason.BREAKER_OPEN for s in plan.skipped):
+        wait = min(
+            rt.breakers[s.name].retry_after()
+            for s in plan.skipped
+            if s.reason is SkipReason.BREAKER_OPEN
+        )
+        return CircuitOpen(
+            "every provider that may serve this request is failing; its breaker is open",
+            policy="breaker",
+            retry_after=max(wait, 0.001),
+        )
+    return Forbidden(f"no provider on this route may receive data class {identity.data_class!r}")
+
+
+def _on_retry_event(rt: Runtime, provider: str) -> Any:
+    def handle(event: RetryEvent) -> None:
+        if isinstance(event, RetryScheduled):
+            rt.metrics.retries.labels(provider).inc()
+        elif isinstance(event, RetryBudgetDenied):
+            rt.metrics.retry_budget_denials.inc()
+
+    return handle
+
+
+def _record_failure(rt: Runtime, ex: Exchange, spec: ProviderSpec, error: ProviderError) -> None:
+    ex.tried.append((spec.name, error.kind))
+    rt.metrics.attempts.labels(spec.name, error.kind.value).inc()
+
+
+async def call_route(
+    rt: Runtime,
+    ex: Exchange,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+) -> tuple[ProviderSpec, dict[str, Any]]:
+    """One non-streaming answer: retries on a provider, then failover down the plan."""
+    queue = list(plan.candidates)
+    last: ProviderError | None = None
+    retry_on = functools.partial(retry_same, options=rt.failover)
+    while queue:
+        spec = queue.pop(0)
+        provider = rt.providers[spec.name]
+        breaker = rt.breakers[spec.name]
+        upstream = {**body, "model": rt.provider_configs[spec.name].model}
+
+        async def attempt(
+            limit: float,
+            spec: ProviderSpec = spec,
+            provider: Any = provider,
+            breaker: Any = breaker,
+            upstream: dict[str, Any] = upstream,
+        ) -> dict[str, Any]:
+            permit = breaker.acquire(deadline_at=rt.clock.now() + limit)
+            try:
+                answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
+            except ProviderError as error:
+                _record_failure(rt, ex, spec, error)
+                permit.release() if error.kind in NOT_EVIDENCE else permit.failure()
+                raise
+            except BaseException:
+                permit.release()
+                raise
+            permit.success()
+            ex.tried.append((spec.name, None))
+            rt.metrics.attempts.labels(spec.name, "ok").inc()
+            return answer
+
+        try:
+            answer = await acall_with_deadline(
+                attempt,
+                deadline,
+                rt.retry_policy,
+                per_try=route.per_try_timeout_s,
+                sleep=rt.sleep,
+                rng=rt.rng,
+                budget=rt.retry_budget,
+                retry_on=retry_on,
+                on_event=_on_retry_event(rt, spec.name),
+            )
+        except CircuitOpen:
+            ex.tried.append((spec.name, SkipReason.BREAKER_OPEN))
+            continue
+        except ProviderError as error:
+            last = error
+            queue = list(next_candidates(plan, spec, error))
+            if queue:
+                rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
+            continue
+        finally:
+            rt.refresh_breaker_metrics()
+        return spec, answer
+    if last is not None:
+        raise last
+    raise CircuitOpen(
+        "every candidate provider's breaker opened", policy="breaker", retry_after=1.0
+    )
+
+
+@dataclass
+class OpenStream:
+    """A provider stream that has produced its first chunk (the point of commitment)."""
+
+    spec: ProviderSpec
+    items: AsyncIterator[StreamItem]
+    first: list[dict[str, Any]]
+    permit: Any
+
+
+async def open_stream(
+    rt: Runtime,
+    ex: Exchange,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+) -> OpenStream:
+    """Failover is transparent until the first chunk: try candidates until one starts talking."""
+    queue = list(plan.candidates)
+    last: ProviderError | None = None
+    retry_on = functools.partial(retry_same, options=rt.failover)
+    while queue:
+        spec = queue.pop(0)
+        provider = rt.providers[spec.name]
+        breaker = rt.breakers[spec.name]
+        pcfg = rt.provider_configs[spec.name]
+        upstream = {
+            **body,
+            "model": pcfg.model,
+            "stream": True,
+            "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
+        }
+
+        async def attempt(
+            limit: float,
+            spec: ProviderSpec = spec,
+            provider: Any = provider,
+            breaker: Any = breaker,
+            upstream: dict[str, Any] = upstream,
+            pcfg: Any = pcfg,
+        ) -> OpenStream:
+            first_timeout = min(limit, pcfg.stream.first_token_timeout_s)
+            permit = breaker.acquire(deadline_at=rt.clock.now() + first_timeout)
+            items = provider.stream(
+                upstream,
+                timeout=first_timeout,
+                chunk_timeout=pcfg.stream.stall_timeout_s,
+                total_timeout=min(deadline.remaining(), pcfg.stream.max_duration_s),
+            )
+            first: list[dict[str, Any]] = []
+            try:
+                async for item in items:
+                    if isinstance(item, dict):
+                        first.append(item)
+                        if _has_content(item):
+                            break
+                    elif isinstance(item, StreamEnd):
+                        break
+            except ProviderError as error:
+                _record_failure(rt, ex, spec, error)
+                permit.release() if error.kind in NOT_EVIDENCE else permit.failure()
+                await _close(items)
+                raise
+            except BaseException:
+                permit.release()
+                await _close(items)
+                raise
+            return OpenStream(spec, items, first, permit)
+
+        try:
+            opened: OpenStream = await acall_with_deadline(
+                attempt,
+                deadline,
+                rt.retry_policy,
+                per_try=route.per_try_timeout_s,
+                sleep=rt.sleep,
+                rng=rt.rng,
+                budget=rt.retry_budget,
+                retry_on=retry_on,
+                on_event=_on_retry_event(rt, spec.name),
+            )
+        except CircuitOpen:
+            ex.tried.append((spec.name, SkipReason.BREAKER_OPEN))
+            continue
+        except ProviderError as error:
+            last = error
+            queue = list(next_candidates(plan, spec, error))
+            if queue:
+                rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
+            continue
+        finally:
+            rt.refresh_breaker_metrics()
+        return opened
+    if last is not None:
+        raise last
+    raise CircuitOpen(
+        "every candidate provider's breaker opened", policy="breaker", retry_after=1.0
+    )
+
+
+def _has_content(chunk: Mapping[str, Any]) -> bool:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("tool_calls") or choice.get("finish_reason"):
+            return True
+    return False
+
+
+async def _close(items: AsyncIterator[StreamItem]) -> None:
+    closer = getattr(items, "aclose", None)
+    if closer is not None:
+        await closer()
+
+
+# --------------------------------------------------------------------------- the handler
+
+
+def _sse(data: bytes) -> bytes:
+    return b"data: " + data + b"\n\n"
+
+
+def _usage_of(
+    answer: Mapping[str, Any], body: Mapping[str, Any], text_chars: int
+) -> dict[str, int]:
+    usage = answer.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        prompt = int(usage["prompt_tokens"])
+        completion = int(usage.get("completion_tokens") or 0)
+    else:
+        prompt = estimate_prompt_tokens(body)
+        completion = max(0, text_chars // 4)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _text_chars(answer: Mapping[str, Any]) -> int:
+    total = 0
+    for choice in answer.get("choices") or ():
+        content = (choice.get("message") or {}).get("content")
+        if isinstance(content, str):
+            total += len(content)
+    return total
+
+
+class Settlement:
+    """The bookkeeping a request owes, done once, shielded from the caller going away."""
+
+    def __init__(self, rt: Runtime, ex: Exchange) -> None:
+        self.rt = rt
+        self.ex = ex
+        self.reservation: Reservation | None = None
+        self.idempotency: tuple[str, str] | None = None
+        self.stored: StoredResponse | None = None
+        self.ticket: Any = None
+        self.served = False
+
+    async def run(self) -> None:
+        rt, ex = self.rt, self.ex
+        if self.ticket is not None:
+            rt.admission.exit(self.ticket, completed=self.served)
+            self.ticket = None
+        if self.reservation is not None:
+            reservation, self.reservation = self.reservation, None
+            try:
+                if self.served:
+                    tokens = ex.usage.get("total_tokens", 0)
+                    await rt.stores.quotas.settle(
+                        reservation, Cost(calls=1, tokens=tokens, cost=ex.cost)
+                    )
+                else:
+                    await rt.stores.quotas.refund(reservation)
+            except StoreError as exc:
+                rt.metrics.store_errors.labels("quotas", "settle_lost").inc()
+                log.warning("budget_settle_failed", request_id=ex.request_id, error=str(exc))
+        if self.idempotency is not None:
+            key, token = self.idempotency
+            self.idempotency = None
+            try:
+                if self.stored is not None:
+                    await rt.stores.idempotency.complete(
+                        key, token, self.stored, ttl_s=rt.config.idempotency.ttl_s
+                    )
+                else:
+                    await rt.stores.idempotency.abandon(key, token)
+            except StoreError as exc:
+                rt.metrics.store_errors.labels("idempotency", "settle_lost").inc()
+                log.warning("idempotency_settle_failed", request_id=ex.request_id, error=str(exc))
+
+
+async def _claim_idempotency(
+    rt: Runtime, ex: Exchange, key: str, fingerprint: str, deadline: Deadline
+) -> tuple[str, StoredResponse | None]:
+    """The claim token, or a stored response to replay; waits (bounded) for a running twin."""
+    assert ex.identity is not None
+    scoped = f"{ex.identity.tenant}:{key}"
+    waited = 0.0
+    while True:
+        try:
+            claim = await rt.stores.idempotency.claim(
+                scoped, fingerprint, lease_s=rt.config.server.request_timeout_s + 30.0
+            )
+        except StoreError:
+            rt.metrics.store_errors.labels("idempotency", "fail_closed").inc()
+            raise
+        if claim.outcome is ClaimOutcome.CLAIMED:
+            return claim.token, None
+        if claim.outcome is ClaimOutcome.REPLAY:
+            assert claim.response is not None
+            return "", claim.response
+        if claim.outcome is ClaimOutcome.MISMATCH:
+            raise IdempotencyMismatch(
+                "this Idempotency-Key was already used with a different request body"
+            )
+        budget = min(rt.config.idempotency.wait_s, deadline.remaining())
+        if waited >= budget:
+            raise IdempotencyConflict(
+                "a request with this Idempotency-Key is still running", retry_after=1.0
+            )
+        await rt.sleep(IDEMPOTENCY_POLL_S)
+        waited += IDEMPOTENCY_POLL_S
+
+
+def cache_key(identity: Identity, alias: str, body: Mapping[str, Any]) -> str:
+    keep = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "user")}
+    keep["model"] = alias
+    digest = hashlib.sha256(identity.tenant.encode() + b"\0" + canonical(keep)).hexdigest()
+    return f"chat:{digest}"
+
+
+async def chat_completions(
+    rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
+) -> None:
+    """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx."""
+    settle = Settlement(rt, ex)
+    started_stream = False
+    try:
+        validate_chat(body)
+        identity = identify(rt, headers)
+        ex.identity = identity
+        alias = body["model"]
+        ex.route = alias
+        if alias not in rt.routes:
+            raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
+        rt.keys.authorize(identity, alias)
+        check_answering(rt.flags)
+        await apply_rate_limits(rt, identity)
+        deadline = deadline_for(rt, headers)
+        settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
+        ex.route = alias
+        route = rt.routes[alias]
+        stream = bool(body.get("stream"))
+
+        idem_key = headers.get("idempotency-key")
+        if idem_key is not None:
+            if not idem_key or len(idem_key) > 255:
+                raise InvalidRequest("Idempotency-Key must be 1 to 255 characters")
+            fingerprint = hashlib.sha256(canonical(body)).hexdigest()
+            token, replay = await _claim_idempotency(rt, ex, idem_key, fingerprint, deadline)
+            if replay is not None:
+                ex.cache = "idempotent-replay"
+                ex.status = replay.status
+                await send_bytes(
+                    send,
+                    replay.status,
+                    replay.body,
+                    [
+                        *ex.answer_headers(),
+                        ("idempotent-replayed", "true"),
+                        *replay.headers.items(),
+                    ],
+                    content_type=replay.headers.get("content-type", "application/json"),
+                )
+                return
+            settle.idempotency = (f"{identity.tenant}:{idem_key}", token)
+
+        use_cache = rt.config.cache.enabled and not stream
+        key = cache_key(identity, alias, body) if use_cache else ""
+        if use_cache:
+            cached = await _cache_get(rt, key)
+            if cached is not None:
+                ex.cache = "hit"
+                await _answer_json(rt, ex, send, cached, settle)
+                return
+            ex.cache = "miss"
+
+        klass = rt.identity_class(identity, headers.get(PRIORITY_HEADER))
+        settle.ticket = await rt.admission.enter(
+            request_id=ex.request_id, klass=klass, tenant=identity.tenant, deadline=deadline
+        )
+        plan = plan_for(rt, route, identity)
+        ex.skipped = plan.skipped
+        if not plan.candidates:
+            raise no_candidates(rt, plan, identity)
+
+        if stream:
+            started_stream = True
+            await _stream_answer(rt, ex, route, body, deadline, plan, send, settle, headers)
+            return
+
+        body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan, use_cache)
+        await _answer_json(rt, ex, send, body_bytes, settle)
+    except asyncio.CancelledError:
+        ex.outcome, ex.status = "client_closed", 499
+        raise
+    except Exception as error:
+        status, err_body, extra = http_error(error)
+        ex.outcome, ex.status = error_body(error)["error"]["code"], status  # type: ignore[assignment]
+        if status >= 500 and not isinstance(error, ProviderError) and status == 500:
+            log.exception("internal_error", request_id=ex.request_id)
+        if isinstance(error, RateLimited):
+            extra.update(getattr(error, "headers", {}))
+        if started_stream and ex.first_token_s is not None:
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": _sse(orjson.dumps(err_body)),
+                    "more_body": False,
+                }
+            )
+        else:
+            await send_bytes(
+                send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
+            )
+    finally:
+        await asyncio.shield(settle.run())
+
+
+async def _cache_get(rt: Runtime, key: str) -> bytes | None:
+    try:
+        entry = await rt.stores.cache.get(key)
+    except StoreError:
+        rt.metrics.store_errors.labels("cache", "fail_open").inc()
+        return None
+    rt.metrics.cache.labels("hit" if entry is not None else "miss").inc()
+    return None if entry is None else entry.value
+
+
+async def _answer_json(
+    rt: Runtime, ex: Exchange, send: Send, payload: bytes, settle: Settlement
+) -> None:
+    headers = ex.answer_headers()
+    settle.stored = StoredResponse(200, payload, {"content-type": "application/json"})
+    settle.served = True
+    ex.status = 200
+    await send_bytes(send, 200, payload, headers)
+
+
+async def _single_flight(
+    rt: Runtime,
+    ex: Exchange,
+    key: str,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+    cacheable: bool,
+) -> bytes:
+    """Identical in-flight requests share one upstream call; the leader fills the cache."""
+    flights = rt.flights
+    if cacheable and key in flights:
+        rt.metrics.single_flight.inc()
+        async with asyncio.timeout(deadline.remaining()):
+            payload, served_by, served_model, usage = await asyncio.shield(flights[key])
+        ex.cache, ex.served_by, ex.served_model, ex.usage = "shared", served_by, served_model, usage
+        ex.cost = 0.0  # the leader paid for it
+        return payload
+    future: asyncio.Future[Flight] | None = None
+    if cacheable:
+        future = asyncio.get_running_loop().create_future()
+        flights[key] = future
+    try:
+        spec, answer = await call_route(rt, ex, route, body, deadline, plan)
+        served_model = rt.provider_configs[spec.name].model
+        answer["model"] = served_model
+        ex.served_by, ex.served_model = spec.name, served_model
+        ex.usage = _usage_of(answer, body, _text_chars(answer))
+        answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
+        ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
+        _account(rt, ex)
+        payload = orjson.dumps(answer)
+        primary = spec.name == route.specs[0].name
+        if cacheable and primary:
+            try:
+                await rt.stores.cache.put(
+                    key,
+                    payload,
+                    ttl_s=rt.config.cache.ttl_s,
+                    stale_ttl_s=rt.config.cache.stale_ttl_s,
+                )
+            except StoreError:
+                rt.metrics.store_errors.labels("cache", "fail_open").inc()
+        if future is not None:
+            future.set_result((payload, ex.served_by, ex.served_model, ex.usage))
+        return payload
+    except BaseException as error:
+        if future is not None and not future.done():
+            future.set_exception(
+                error if isinstance(error, Exception) else asyncio.CancelledError()
+            )
+            future.exception()  # mark retrieved: followers may have gone
+        raise
+    finally:
+        if future is not None:
+            flights.pop(key, None)
+
+
+def _account(rt: Runtime, ex: Exchange) -> None:
+    rt.metrics.spend.labels(ex.served_model).inc(ex.cost)
+    rt.metrics.tokens.labels(ex.served_model, "prompt").inc(ex.usage.get("prompt_tokens", 0))
+    rt.metrics.tokens.labels(ex.served_model, "completion").inc(
+        ex.usage.get("completion_tokens", 0)
+    )
+
+
+async def _stream_answer(
+    rt: Runtime,
+    ex: Exchange,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+    send: Send,
+    settle: Settlement,
+    headers: Mapping[str, str],
+) -> None:
+    started = rt.clock.now()
+    opened = await open_stream(rt, ex, route, body, deadline, plan)
+    served_model = rt.provider_configs[opened.spec.name].model
+    ex.served_by, ex.served_model = opened.spec.name, served_model
+    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    transcript: list[bytes] = []
+    text_chars = 0
+    finish_seen = False
+    usage: dict[str, Any] | None = None
+    malformed = 0
+
+    async def emit(chunk: dict[str, Any]) -> None:
+        nonlocal text_chars, finish_seen, usage
+        chunk["model"] = served_model
+        for choice in chunk.get("choices") or ():
+            text_chars += len((choice.get("delta") or {}).get("content") or "")
+            finish_seen = finish_seen or bool(choice.get("finish_reason"))
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+            if not want_usage and not chunk.get("choices"):
+                return
+            if not want_usage:
+                chunk = {k: v for k, v in chunk.items() if k != "usage"}
+        data = _sse(orjson.dumps(chunk))
+        transcript.append(data)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    await start_stream(send, ex.answer_headers())
+    ex.first_token_s = rt.clock.now() - started
+    rt.metrics.ttft.labels(ex.route, ex.served_by).observe(ex.first_token_s)
+    complete = False
+    broken: ProviderError | None = None
+    try:
+        for chunk in opened.first:
+            await emit(chunk)
+        async for item in opened.items:
+            if isinstance(item, dict):
+                await emit(item)
+            elif isinstance(item, MalformedChunk):
+                malformed += 1
+            elif isinstance(item, StreamEnd):
+                complete = finish_seen
+                break
+    except ProviderError as error:
+        _record_failure(rt, ex, opened.spec, error)
+        opened.permit.release() if error.kind in NOT_EVIDENCE else opened.permit.failure()
+        broken = error
+    except BaseException:
+        opened.permit.release()
+        await _close(opened.items)
+        raise
+    else:
+        if complete:
+            opened.permit.success()
+            ex.tried.append((opened.spec.name, None))
+        else:
+            opened.permit.failure()
+    rt.refresh_breaker_metrics()
+    ex.usage = _usage_of({"usage": usage} if usage else {}, body, text_chars)
+    ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
+    _account(rt, ex)
+    settle.served = True  # the caller received (and is billed for) what was streamed
+    if broken is None and complete:
+        done = _sse(b"[DONE]")
+        transcript.append(done)
+        await send({"type": "http.response.body", "body": done, "more_body": False})
+        settle.stored = StoredResponse(
+            200, b"".join(transcript), {"content-type": "text/event-stream; charset=utf-8"}
+        )
+        return
+    # Committed and then broken: say so in-band, and never end with a success terminator.
+    failure = broken or ProviderError(
+        ProviderErrorKind.MALFORMED,
+        "the provider's stream ended before the answer was complete",
+        provider=opened.spec.name,
+    )
+    ex.outcome, ex.status = "stream_incomplete", 200
+    payload = error_body(failure)
+    payload["error"]["code"] = "stream_incomplete"
+    payload["error"]["message"] = f"the answer is incomplete: {failure.message}"
+    await send(
+        {"type": "http.response.body", "body": _sse(orjson.dumps(payload)), "more_body": False}
+    )
+
+
+async def embeddings(
+    rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
+) -> None:
+    """``POST /v1/embeddings``: identity, flags, rate limits, deadline, routing with failover."""
+    try:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' must be a non-empty string")
+        if "input" not in body:
+            raise InvalidRequest("'input' is required")
+        identity = identify(rt, headers)
+        ex.identity, ex.route = identity, model
+        if model not in rt.routes:
+            raise ModelNotFound(f"no model named {model!r}; GET /v1/models lists them")
+        rt.keys.authorize(identity, model)
+        check_answering(rt.flags)
+        await apply_rate_limits(rt, identity)
+        deadline = deadline_for(rt, headers)
+        route = rt.routes[model]
+        plan = plan_for(rt, route, identity)
+        ex.skipped = plan.skipped
+        if not plan.candidates:
+            raise no_candidates(rt, plan, identity)
+        last: ProviderError | None = None
+        for spec in plan.candidates:
+            provider = rt.providers[spec.name]
+            upstream = {**body, "model": rt.provider_configs[spec.name].model}
+            try:
+                answer = await provider.embed(
+                    upstream, timeout=deadline.cap(route.per_try_timeout_s)
+                )
+            except ProviderError as error:
+                _record_failure(rt, ex, spec, error)
+                last = error
+                if not next_candidates(plan, spec, error):
+                    break
+                continue
+            ex.tried.append((spec.name, None))
+            ex.served_by = spec.name
+            ex.served_model = upstream["model"]
+            answer["model"] = ex.served_model
+            await send_bytes(send, 200, orjson.dumps(answer), ex.answer_headers())
+            return
+        assert last is not None
+        raise last
+    except Exception as error:
+        status, err_body, extra = http_error(error)
+        ex.outcome, ex.status = str(err_body["error"]["code"]), status
+        await send_bytes(
+            send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
+        )
+
+
+def new_request_id(headers: Mapping[str, str]) -> str:
+    given = headers.get("x-request-id", "")
+    if 0 < len(given) <= 128 and given.isprintable():
+        return given
+    return secrets.token_hex(12)

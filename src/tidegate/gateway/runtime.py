@@ -1,0 +1,426 @@
+"""Everything one gateway process holds, built once from the config: the wiring, not the logic.
+
+The request logic lives in :mod:`tidegate.gateway.pipeline`; every decision in it is made by an
+object from :mod:`tidegate.policy` that this module constructs from the config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+
+from tidegate.clock import Clock, SystemClock
+from tidegate.errors import ConfigError, DeadlineExceeded, StoreError
+from tidegate.gateway.auth import Identity, KeyRing
+from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
+from tidegate.gateway.metrics import Metrics
+from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
+from tidegate.policy.breaker import BreakerOptions, BreakerState, CircuitBreaker
+from tidegate.policy.budget import BudgetOptions, Quota
+from tidegate.policy.deadline import Deadline
+from tidegate.policy.flags import FlagSet
+from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
+from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
+from tidegate.policy.routing import FailoverOptions, ProviderSpec
+from tidegate.providers.base import Provider
+from tidegate.state.base import BucketStore, CacheStore, FlagStore, IdempotencyStore, QuotaStore
+
+__all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "Stores", "build_provider"]
+
+#: What a single-flight leader hands its followers: body, served_by, served model, usage.
+Flight = tuple[bytes, str, str, dict[str, int]]
+
+log = structlog.get_logger("tidegate")
+
+BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+@dataclass
+class Stores:
+    buckets: BucketStore
+    quotas: QuotaStore
+    idempotency: IdempotencyStore
+    cache: CacheStore
+    flags: FlagStore
+    ping: Callable[[], Awaitable[None]]
+    close: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Route:
+    alias: str
+    specs: tuple[ProviderSpec, ...]
+    per_try_timeout_s: float
+
+
+class AdmissionGate:
+    """The admission controller, awaited: a waiting ticket is a future resolved when it starts."""
+
+    def __init__(self, controller: AdmissionController, metrics: Metrics) -> None:
+        self.controller = controller
+        self._metrics = metrics
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+
+    async def enter(
+        self, *, request_id: str, klass: str, tenant: str, deadline: Deadline
+    ) -> Ticket:
+        """A started ticket, or a typed refusal at once, or ``DeadlineExceeded`` while waiting."""
+        try:
+            ticket = self.controller.offer(
+                request_id=request_id, klass=klass, tenant=tenant, deadline_at=deadline.at
+            )
+        finally:
+            self._gauge()
+        if ticket.state is TicketState.STARTED:
+            return ticket
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = waiter
+        self._pump()
+        try:
+            async with asyncio.timeout(deadline.remaining()):
+                await waiter
+        except TimeoutError:
+            self._abandon(ticket)
+            raise DeadlineExceeded(
+                "the request's deadline passed while it waited for a slot", policy="admission"
+            ) from None
+        except BaseException:
+            self._abandon(ticket)
+            raise
+        return ticket
+
+    def exit(self, ticket: Ticket, *, completed: bool) -> None:
+        """Free the ticket's slot (recording its service time when it completed) and start more."""
+        if completed and ticket.state is TicketState.STARTED:
+            self.controller.finish(ticket)
+        else:
+            self.controller.cancel(ticket)
+        self._pump()
+
+    def _abandon(self, ticket: Ticket) -> None:
+        self._waiters.pop(ticket, None)
+        self.controller.cancel(ticket)
+        self._pump()
+
+    def _pump(self) -> None:
+        while (ticket := self.controller.start()) is not None:
+            waiter = self._waiters.pop(ticket, None)
+            if waiter is None or waiter.done():
+                self.controller.cancel(ticket)
+                continue
+            waiter.set_result(None)
+        self._gauge()
+
+    def _gauge(self) -> None:
+        for klass in self.controller.options.classes:
+            self._metrics.queue_depth.labels(klass).set(self.controller.depth(klass))
+
+
+def build_provider(
+    name: str,
+    cfg: ProviderConfig,
+    *,
+    session: aiohttp.ClientSession,
+    config_path: Path,
+    clock: SystemClock,
+) -> Provider:
+    """One provider instance from its config section."""
+    api_key = None
+    if cfg.api_key_file is not None:
+        api_key = resolve(config_path, cfg.api_key_file).read_text(encoding="utf-8").strip()
+    if cfg.type == "openai":
+        from tidegate.providers.openai import OpenAIProvider
+
+        assert cfg.base_url is not None
+        return OpenAIProvider(name, cfg.base_url, api_key, session)
+    if cfg.type == "anthropic":
+        from tidegate.providers.anthropic import AnthropicProvider
+
+        assert cfg.base_url is not None
+        return AnthropicProvider(name, cfg.base_url, api_key, session)
+    from tidegate.providers.fake import FakeProvider
+
+    return FakeProvider.from_script(cfg.fake or {}, name=name, sleep=clock.asleep, clock=clock)
+
+
+@dataclass
+class Runtime:
+    """The per-process objects the pipeline drives."""
+
+    config: Config
+    config_path: Path
+    clock: Clock
+    rng: random.Random
+    metrics: Metrics
+    keys: KeyRing
+    stores: Stores
+    providers: dict[str, Provider]
+    provider_configs: dict[str, ProviderConfig]
+    breakers: dict[str, CircuitBreaker]
+    routes: dict[str, Route]
+    retry_policy: RetryPolicy
+    retry_budget: RetryBudget
+    failover: FailoverOptions
+    admission: AdmissionGate
+    flags: FlagSet
+    user_bucket: BucketOptions | None
+    tenant_bucket: BucketOptions | None
+    budget: BudgetOptions | None
+    prices: dict[str, Price]
+    sleep: Callable[[float], Awaitable[None]] = SystemClock().asleep
+    session: aiohttp.ClientSession | None = None
+    flights: dict[str, asyncio.Future[Flight]] = field(default_factory=dict)
+    git_sha: str = "unknown"
+    local_buckets: dict[BucketOptions, TokenBucket] = field(default_factory=dict)
+    in_flight: int = 0
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def ready_problems(self) -> list[str]:
+        return [] if self.providers else ["no providers configured"]
+
+    def refresh_breaker_metrics(self) -> None:
+        for name, breaker in self.breakers.items():
+            self.metrics.breaker_state.labels(name).set(BREAKER_STATE_VALUE[breaker.state])
+
+    async def take_local(self, key: str, options: BucketOptions) -> TakeResult:
+        """The fail-open path of a rate limit: a bucket in this process only."""
+        bucket = self.local_buckets.get(options)
+        if bucket is None:
+            bucket = self.local_buckets[options] = TokenBucket(options, self.clock)
+        return bucket.take(key)
+
+    async def take_bucket(self, key: str, options: BucketOptions) -> TakeResult:
+        try:
+            return await self.stores.buckets.take(key, options)
+        except StoreError as exc:
+            self.metrics.store_errors.labels("buckets", "fail_open").inc()
+            log.warning("store_unavailable", store="buckets", action="fail_open", error=str(exc))
+            return await self.take_local(key, options)
+
+    def identity_class(self, identity: Identity, requested: str | None) -> str:
+        """The admission class: the key's, lowered (never raised) by an ``X-Tidegate-Priority``."""
+        classes = self.config.admission.classes
+        own = classes.index(identity.priority)
+        if requested in classes and classes.index(requested) > own:
+            return requested
+        return identity.priority
+
+
+def retry_policy_from(config: Config) -> RetryPolicy:
+    r = config.retry
+    return RetryPolicy(
+        attempts=r.attempts, base=r.base_s, factor=r.factor, cap=r.cap_s, jitter=Jitter(r.jitter)
+    )
+
+
+def admission_options_from(config: Config) -> AdmissionOptions:
+    a = config.admission
+    return AdmissionOptions(
+        classes=a.classes,
+        slots=a.slots,
+        queue_cap=a.queue_cap,
+        tenant_max_in_flight=a.tenant_max_in_flight,
+        tenant_max_waiting=a.tenant_max_waiting,
+        mode=a.mode,
+        service_rate=a.service_rate,
+        dequeue=a.dequeue,
+        weights=a.weights,
+        priority_at_admission=a.priority_at_admission,
+    )
+
+
+def breaker_options_from(config: Config) -> BreakerOptions:
+    b = config.breaker
+    return BreakerOptions(
+        consecutive_failures=b.consecutive_failures,
+        failure_rate=b.failure_rate,
+        window=b.window_s,
+        minimum_calls=b.minimum_calls,
+        recovery=b.recovery_s,
+        recovery_jitter=b.recovery_jitter,
+    )
+
+
+def budget_options_from(config: Config) -> BudgetOptions | None:
+    b = config.budgets
+    if b is None:
+        return None
+    return BudgetOptions(
+        quota=Quota(calls=b.calls, tokens=b.tokens, cost=b.cost_usd), degrade_at=b.degrade_at
+    )
+
+
+def check_config_against_policies(config: Config) -> None:
+    """Build every policy's options once so a bad combination refuses to start, naming it."""
+    builders: list[tuple[str, Callable[[Config], object]]] = [
+        ("retry", retry_policy_from),
+        ("admission", admission_options_from),
+        ("breaker", breaker_options_from),
+        ("budgets", budget_options_from),
+    ]
+    for section, build in builders:
+        try:
+            build(config)
+        except ValueError as exc:
+            raise ConfigError(f"{section}: {exc}") from None
+
+
+def local_stores(url: str, clock: Clock, timeout_s: float) -> Stores:
+    """The embedded stores: ``memory://`` or ``sqlite:///path``."""
+    if url.startswith("memory://"):
+        from tidegate.state import memory
+
+        async def nothing() -> None:
+            return None
+
+        return Stores(
+            memory.MemoryBucketStore(clock),
+            memory.MemoryQuotaStore(clock),
+            memory.MemoryIdempotencyStore(clock),
+            memory.MemoryCacheStore(clock),
+            memory.MemoryFlagStore(clock),
+            ping=nothing,
+            close=nothing,
+        )
+    if url.startswith("sqlite://"):
+        from tidegate.state import sqlite
+
+        db = sqlite.SQLiteDatabase.from_url(url, timeout_s=timeout_s)
+
+        async def ping() -> None:
+            db.ping()
+
+        async def close() -> None:
+            db.close()
+
+        return Stores(
+            sqlite.SQLiteBucketStore(db, clock),
+            sqlite.SQLiteQuotaStore(db, clock),
+            sqlite.SQLiteIdempotencyStore(db, clock),
+            sqlite.SQLiteCacheStore(db, clock),
+            sqlite.SQLiteFlagStore(db, clock),
+            ping=ping,
+            close=close,
+        )
+    raise ConfigError(f"state.url: unsupported store URL {url!r}")
+
+
+def _bucket(cfg: Any) -> BucketOptions | None:
+    return None if cfg is None else BucketOptions(rate=cfg.rate_per_s, burst=cfg.burst)
+
+
+async def build_runtime(
+    config: Config,
+    config_path: Path,
+    *,
+    clock: Clock | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
+    rng: random.Random | None = None,
+    stores: Stores | None = None,
+    providers: dict[str, Provider] | None = None,
+    session: aiohttp.ClientSession | None = None,
+    git_sha: str = "unknown",
+) -> Runtime:
+    """Construct one process's runtime. Tests may pass their own clock, stores and providers."""
+    check_config_against_policies(config)
+    system = SystemClock()
+    clock = clock or system
+    rng = rng or random.Random()
+    config_dir = config_path
+    keys = KeyRing({})
+    if config.auth.keys_file is not None:
+        keys = KeyRing.from_file(
+            resolve(config_dir, config.auth.keys_file), classes=config.admission.classes
+        )
+    if stores is None:
+        stores = local_stores(config.state.url, clock, config.state.timeout_s)
+    if providers is None:
+        if session is None:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        providers = {
+            name: build_provider(name, cfg, session=session, config_path=config_dir, clock=system)
+            for name, cfg in config.providers.items()
+        }
+    breaker_options = breaker_options_from(config)
+    breakers = {
+        name: CircuitBreaker(name, breaker_options, clock=clock, rng=rng) for name in providers
+    }
+    routes = {
+        alias: Route(
+            alias,
+            tuple(
+                ProviderSpec(
+                    name,
+                    frozenset(config.providers[name].data_classes),
+                    config.providers[name].context_window,
+                )
+                for name in route.providers
+            ),
+            route.per_try_timeout_s,
+        )
+        for alias, route in config.models.items()
+    }
+    metrics = Metrics()
+    runtime = Runtime(
+        config=config,
+        config_path=config_dir,
+        clock=clock,
+        rng=rng,
+        metrics=metrics,
+        keys=keys,
+        stores=stores,
+        providers=providers,
+        provider_configs=dict(config.providers),
+        breakers=breakers,
+        routes=routes,
+        retry_policy=retry_policy_from(config),
+        retry_budget=RetryBudget(
+            clock,
+            ratio=config.retry.budget_ratio,
+            min_retries_per_second=config.retry.budget_floor_per_s,
+        ),
+        failover=FailoverOptions(retry_timeouts=config.retry.retry_timeouts_on_same_provider),
+        admission=AdmissionGate(
+            AdmissionController(admission_options_from(config), clock), metrics
+        ),
+        flags=FlagSet((), clock),
+        user_bucket=_bucket(config.rate_limits.per_user),
+        tenant_bucket=_bucket(config.rate_limits.per_tenant),
+        budget=budget_options_from(config),
+        prices=dict(config.prices),
+        sleep=sleep if sleep is not None else getattr(clock, "asleep", system.asleep),
+        session=session,
+        git_sha=git_sha,
+    )
+    await refresh_flags(runtime)
+    runtime.refresh_breaker_metrics()
+    return runtime
+
+
+async def refresh_flags(runtime: Runtime) -> None:
+    """Load the shared flag values into this process's FlagSet (unknown flags are kept aside)."""
+    try:
+        values = await runtime.stores.flags.values()
+    except StoreError as exc:
+        runtime.metrics.store_errors.labels("flags", "keep_last").inc()
+        log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
+        return
+    runtime.flags.restore({"version": 1, "values": values, "history": []})
+
+
+async def close_runtime(runtime: Runtime) -> None:
+    for provider in runtime.providers.values():
+        await provider.aclose()
+    if runtime.session is not None:
+        await runtime.session.close()
+    await runtime.stores.close()

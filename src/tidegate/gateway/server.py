@@ -1,0 +1,128 @@
+"""Running the gateway under uvicorn (uvloop + httptools), with a graceful drain on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import structlog
+import uvicorn
+
+from tidegate.gateway.app import Gateway
+from tidegate.gateway.config import Config, load_config
+
+__all__ = ["app_from_env", "configure_logging", "git_sha", "run"]
+
+CONFIG_ENV = "TIDEGATE_CONFIG"
+
+
+def git_sha() -> str:
+    """The baked-in sha (``TIDEGATE_GIT_SHA``, set by the image build), else the checkout's."""
+    baked = os.environ.get("TIDEGATE_GIT_SHA")
+    if baked:
+        return baked
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            cwd=Path(__file__).parent,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def configure_logging(config: Config) -> None:
+    """One JSON object per line on stdout (or readable key=value lines when json_lines is off)."""
+    level = getattr(logging, config.logging.level.upper())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if config.logging.json_lines
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+
+
+def app_from_env() -> Gateway:
+    """The app factory uvicorn's worker processes call (``--workers`` > 1)."""
+    path = Path(os.environ[CONFIG_ENV])
+    config = load_config(path)
+    configure_logging(config)
+    return Gateway(config, path, git_sha=git_sha())
+
+
+def run(
+    config_path: Path,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int | None = None,
+) -> None:
+    """Validate the config (refusing to start on any problem), then serve until SIGTERM/SIGINT.
+
+    On SIGTERM uvicorn stops accepting, lets in-flight requests and streams finish for up to
+    ``server.drain_seconds``, then cancels what is left; cancelled requests still settle their
+    bookkeeping (shielded), and the lifespan shutdown closes stores and the upstream session.
+    """
+    config = load_config(config_path)
+    configure_logging(config)
+    host = host or config.server.host
+    port = config.server.port if port is None else port
+    workers = workers or config.server.workers
+    common = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
+        "timeout_graceful_shutdown": config.server.drain_seconds,
+        "server_header": False,
+    }
+    _announce(config, config_path, host, port)
+    if workers > 1:
+        os.environ[CONFIG_ENV] = str(config_path.resolve())
+        uvicorn.run("tidegate.gateway.server:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+        return
+    uvicorn.run(Gateway(config, config_path, git_sha=git_sha()), **common)  # type: ignore[arg-type]
+
+
+def _announce(config: Config, config_path: Path, host: str, port: int) -> None:
+    base = f"http://{host}:{port}"
+    print(
+        f"tidegate listening on {base} (profile {config.profile.value}, state {config.state.url})"
+    )
+    demo = config_path.parent / "demo-key.txt"
+    if config.profile.value == "dev" and demo.is_file():
+        key = demo.read_text(encoding="utf-8").strip()
+        alias = sorted(config.models)[0]
+        print(f"demo API key: {key}")
+        print("try:")
+        print(
+            f"  curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+            f"-H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{alias}", "messages": [{{"role": "user", "content": "hello"}}]}}\''
+        )
+        print("or, with the openai SDK:")
+        print("  from openai import OpenAI")
+        print(f'  client = OpenAI(base_url="{base}/v1", api_key="{key}")')
+        print(f'  reply = client.chat.completions.create(model="{alias}",')
+        print('      messages=[{"role": "user", "content": "hello"}])')
+        print("  print(reply.choices[0].message.content)")
+    sys.stdout.flush()
