@@ -1,6 +1,9 @@
 """Test doubles that users of tidegate need for their own tests.
 
-``ManualClock`` moves only when told to; ``seeded_rng`` gives the same random stream every run.
+- :class:`ManualClock`: a clock that moves only when told to (``advance``, ``set``).
+- :func:`seeded_rng`: the only kind of randomness a policy may take.
+- :class:`FakeProvider`: an in-process provider that acts out a plain function or a script.
+- :class:`FakeUpstream`: the scriptable OpenAI-compatible server, started on a loopback port.
 """
 
 from __future__ import annotations
@@ -8,10 +11,12 @@ from __future__ import annotations
 import random
 
 from tidegate.clock import ClockWentBackwards, ManualClock
+from tidegate.providers.fake import FakeProvider
+from tidegate.providers.fake_upstream import FakeUpstream
 
-__all__ = ["ClockWentBackwards", "ManualClock", "seeded_rng"]
+__all__ = ["ClockWentBackwards", "FakeProvider", "FakeUpstream", "ManualClock", "seeded_rng"]
 
 
 def seeded_rng(seed: int = 0) -> random.Random:
-    """A private, seeded ``random.Random``: the only kind of randomness a policy may take."""
+    """A private, seeded ``random.Random``."""
     return random.Random(seed)
