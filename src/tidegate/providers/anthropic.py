@@ -1,0 +1,471 @@
+"""A provider for Anthropic's Messages API, translated to and from the OpenAI wire format.
+
+``base_url`` is the host without the API version (``https://api.anthropic.com``); requests go to
+``POST {base_url}/v1/messages`` with ``x-api-key`` and ``anthropic-version: 2023-06-01``.
+
+Request translation: ``system``/``developer`` messages become ``system`` (joined by blank
+lines); consecutive messages of one role are merged, because Messages alternates roles; text and
+image parts are carried over; ``max_completion_tokens`` or ``max_tokens`` becomes the required
+``max_tokens`` (``default_max_tokens`` when neither is set); ``stop`` becomes
+``stop_sequences``; ``temperature`` and ``top_p`` pass through unchanged (Anthropic refuses a
+temperature above 1, and that refusal is reported as it comes); ``user`` becomes
+``metadata.user_id``. Features the translation cannot keep faithfully (tools and function
+calls, audio, ``n`` above 1, ``logprobs``, a JSON ``response_format``, tool messages) are refused
+with ``ProviderError(kind="bad_request")`` before any call is made, rather than silently
+dropped. Sampling knobs that Messages lacks (``presence_penalty``, ``frequency_penalty``,
+``seed``, ``logit_bias``) are ignored.
+
+Errors map by status, and by the error ``type`` in the body when the status says nothing (an
+``error`` event inside a stream):
+
+===========================================  ==================
+status / ``error.type``                      kind
+===========================================  ==================
+429 ``rate_limit_error``                     ``rate_limited``
+529 ``overloaded_error``, 503                ``overloaded``
+408, 504 ``timeout_error``                   ``timeout``
+500 ``api_error``, any other 5xx             ``server``
+400 ``invalid_request_error``, prompt
+too long / over the context limit            ``context_length``
+400, 413, 422, other 4xx                     ``bad_request``
+401 ``authentication_error``,
+403 ``permission_error``                     ``auth``
+404 ``not_found_error``                      ``not_found``
+===========================================  ==================
+
+Embeddings are not offered by Anthropic: :meth:`AnthropicProvider.embed` raises
+``ProviderError(kind="bad_request")`` without a call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tidegate.clock import Clock, SystemClock
+from tidegate.errors import ProviderError, ProviderErrorKind
+from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.transport import (
+    HTTPAnswer,
+    error_info,
+    parse_json_object,
+    post_json,
+    retry_after_from,
+    stream_events,
+)
+from tidegate.providers.wire import chat_chunk, chat_completion
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "AnthropicProvider",
+    "AnthropicStreamTranslator",
+    "anthropic_error_for",
+    "finish_reason_for",
+    "from_messages_response",
+    "to_messages_request",
+]
+
+#: The ``anthropic-version`` header this translation is written against.
+ANTHROPIC_VERSION = "2023-06-01"
+
+K = ProviderErrorKind
+
+_STATUS_OF_TYPE: Mapping[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+_TOO_LONG = re.compile(r"prompt is too long|exceeds? (the )?context|context (window|limit)", re.I)
+_FINISH: Mapping[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def anthropic_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -> ProviderError:
+    """The :class:`ProviderError` for an unsuccessful Messages API answer (see the table)."""
+    info = error_info(answer.body)
+    status = answer.status
+    if status < 300:
+        status = _STATUS_OF_TYPE.get(info.type, 500 if info.type or info.message else 0)
+    message = info.message or f"HTTP {answer.status}"
+    if status == 429:
+        kind = K.RATE_LIMITED
+    elif status in (503, 529):
+        kind = K.OVERLOADED
+    elif status in (408, 504):
+        kind = K.TIMEOUT
+    elif status >= 500:
+        kind = K.SERVER
+    elif status in (401, 403):
+        kind = K.AUTH
+    elif status == 404:
+        kind = K.NOT_FOUND
+    elif status == 400 and _TOO_LONG.search(info.message):
+        kind = K.CONTEXT_LENGTH
+    elif status >= 400:
+        kind = K.BAD_REQUEST
+    else:
+        kind = K.MALFORMED
+        message = f"HTTP {answer.status} with a body that is not the expected JSON"
+    return ProviderError(
+        kind,
+        message,
+        provider=provider,
+        retry_after=retry_after_from(answer.headers, now_wall),
+        status=status or answer.status,
+    )
+
+
+def finish_reason_for(stop_reason: str | None) -> str | None:
+    """OpenAI's ``finish_reason`` for an Anthropic ``stop_reason`` (unknown ones become stop)."""
+    if stop_reason is None:
+        return None
+    return _FINISH.get(stop_reason, "stop")
+
+
+def _unsupported(body: JSONObject, provider: str) -> None:
+    # tool_choice and function_call mean nothing without tools, and tools are refused anyway.
+    refused = [key for key in ("tools", "functions", "audio") if body.get(key)]
+    if body.get("n") not in (None, 1):
+        refused.append("n")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        refused.append("logprobs")
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        refused.append("response_format")
+    if refused:
+        raise ProviderError(
+            K.BAD_REQUEST,
+            f"the Anthropic translation does not support {', '.join(refused)}",
+            provider=provider,
+        )
+
+
+def _image_block(url: str, provider: str) -> JSONObject:
+    if url.startswith("data:"):
+        header, _, data = url.partition(",")
+        media_type = header[len("data:") :].split(";")[0]
+        if ";base64" not in header or not media_type:
+            raise ProviderError(
+                K.BAD_REQUEST,
+                "an image data URL must be base64 with a media type",
+                provider=provider,
+            )
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": data},
+        }
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _blocks(content: Any, provider: str) -> list[JSONObject]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ProviderError(
+            K.BAD_REQUEST, "message content must be text or parts", provider=provider
+        )
+    blocks: list[JSONObject] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            blocks.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            blocks.append(_image_block(str(url), provider))
+        else:
+            raise ProviderError(
+                K.BAD_REQUEST,
+                f"the Anthropic translation does not support {kind!r} content parts",
+                provider=provider,
+            )
+    return blocks
+
+
+def _text_of(blocks: list[JSONObject]) -> str:
+    return "".join(str(block.get("text", "")) for block in blocks if block.get("type") == "text")
+
+
+def to_messages_request(
+    body: JSONObject, *, default_max_tokens: int, provider: str = ""
+) -> JSONObject:
+    """The Messages API request for an OpenAI chat body (``stream`` is copied when present)."""
+    _unsupported(body, provider)
+    system: list[str] = []
+    turns: list[JSONObject] = []
+    for message in body.get("messages") or []:
+        role = message.get("role")
+        if role in _SYSTEM_ROLES:
+            system.append(_text_of(_blocks(message.get("content"), provider)))
+            continue
+        if role not in ("user", "assistant") or message.get("tool_calls"):
+            raise ProviderError(
+                K.BAD_REQUEST,
+                f"the Anthropic translation does not support {role!r} messages or tool calls",
+                provider=provider,
+            )
+        blocks = _blocks(message.get("content"), provider)
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    for turn in turns:
+        blocks = turn["content"]
+        if all(block["type"] == "text" for block in blocks):
+            turn["content"] = _text_of(blocks)  # the plain form, as a person would write it
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
+    request: JSONObject = {"model": body.get("model"), "max_tokens": max_tokens, "messages": turns}
+    if system:
+        request["system"] = "\n\n".join(system)
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        request["stop_sequences"] = [stop]
+    elif isinstance(stop, list) and stop:
+        request["stop_sequences"] = list(stop)
+    for key in ("temperature", "top_p", "stream"):
+        if body.get(key) is not None:
+            request[key] = body[key]
+    if body.get("user"):
+        request["metadata"] = {"user_id": str(body["user"])}
+    return request
+
+
+def _usage(raw: Mapping[str, Any]) -> JSONObject:
+    cached = int(raw.get("cache_read_input_tokens") or 0)
+    # OpenAI's prompt_tokens includes cached input; Anthropic counts cache reads and writes apart.
+    prompt = int(raw.get("input_tokens") or 0) + cached
+    prompt += int(raw.get("cache_creation_input_tokens") or 0)
+    completion = int(raw.get("output_tokens") or 0)
+    result: JSONObject = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cached:
+        result["prompt_tokens_details"] = {"cached_tokens": cached}
+    return result
+
+
+def from_messages_response(data: JSONObject, *, created: int) -> JSONObject:
+    """The ``chat.completion`` for a Messages API response (text blocks only)."""
+    blocks = [block for block in data.get("content") or [] if isinstance(block, dict)]
+    return chat_completion(
+        id=str(data.get("id", "")),
+        model=str(data.get("model", "")),
+        created=created,
+        content=_text_of(blocks),
+        finish_reason=finish_reason_for(data.get("stop_reason")),
+        usage=_usage(data.get("usage") or {}),
+    )
+
+
+class AnthropicStreamTranslator:
+    """Turns Messages stream events into ``chat.completion.chunk`` dicts, one event at a time.
+
+    ``include_usage`` mirrors OpenAI's ``stream_options.include_usage``: a final chunk with no
+    choices and the whole ``usage`` is emitted at ``message_stop``. ``done`` turns true at
+    ``message_stop``. An ``error`` event is raised as a :class:`ProviderError`.
+    """
+
+    __slots__ = ("_created", "_id", "_model", "_provider", "_usage", "done", "include_usage")
+
+    def __init__(self, *, created: int, include_usage: bool = False, provider: str = "") -> None:
+        self._created = created
+        self._provider = provider
+        self._id = ""
+        self._model = ""
+        self._usage: dict[str, Any] = {}
+        self.include_usage = include_usage
+        self.done = False
+
+    def _chunk(self, **fields: Any) -> JSONObject:
+        return chat_chunk(id=self._id, model=self._model, created=self._created, **fields)
+
+    def feed(self, event: JSONObject) -> list[JSONObject]:
+        """The chunks for one event (often none)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            self._id = str(message.get("id", ""))
+            self._model = str(message.get("model", ""))
+            self._usage.update(message.get("usage") or {})
+            return [self._chunk(delta={"role": "assistant", "content": ""})]
+        if kind in ("content_block_start", "content_block_delta"):
+            block = event.get("content_block") or event.get("delta") or {}
+            text = block.get("text") if block.get("type") in ("text", "text_delta") else None
+            return [self._chunk(delta={"content": text})] if text else []
+        if kind == "message_delta":
+            self._usage.update(
+                {
+                    key: value
+                    for key, value in (event.get("usage") or {}).items()
+                    if value is not None
+                }
+            )
+            stop_reason = (event.get("delta") or {}).get("stop_reason")
+            if stop_reason is None:
+                return []
+            return [self._chunk(delta={}, finish_reason=finish_reason_for(stop_reason))]
+        if kind == "message_stop":
+            self.done = True
+            return [self._chunk(usage=_usage(self._usage))] if self.include_usage else []
+        if kind == "error":
+            raise anthropic_error_for(
+                HTTPAnswer(200, {}, orjson.dumps(event)), provider=self._provider, now_wall=0.0
+            )
+        return []  # ping, content_block_stop, and event types added after this was written
+
+
+class AnthropicProvider:
+    """Chat completions and streams from Anthropic's Messages API, in the OpenAI wire format.
+
+    ``session`` is the process's shared ``aiohttp.ClientSession``, borrowed and never closed.
+    ``default_max_tokens`` fills the ``max_tokens`` that Messages requires when the request has
+    none. ``model_map`` renames models on the way out; ``headers`` are added to every request
+    (for example ``anthropic-beta``). ``clock`` stamps ``created`` and reads HTTP-date
+    ``Retry-After`` values.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None,
+        session: aiohttp.ClientSession,
+        *,
+        default_max_tokens: int = 4096,
+        model_map: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens!r}")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.default_max_tokens = default_max_tokens
+        self._session = session
+        self._model_map = dict(model_map or {})
+        self._clock: Clock = clock or SystemClock()
+        self._headers = {
+            "Content-Type": "application/json",
+            "anthropic-version": ANTHROPIC_VERSION,
+            **(headers or {}),
+        }
+        if api_key:
+            self._headers["x-api-key"] = api_key
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider(name={self.name!r}, base_url={self.base_url!r})"
+
+    async def complete(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    ) -> JSONObject:
+        """POST ``/v1/messages`` and translate the answer into a ``chat.completion``."""
+        answer = await post_json(
+            self._session,
+            f"{self.base_url}/v1/messages",
+            headers=self._headers,
+            payload=self._payload(body, stream=False),
+            timeout=timeout,
+            provider=self.name,
+        )
+        if 200 <= answer.status < 300:
+            data = parse_json_object(answer.body)
+            if data is not None and data.get("type") == "message":
+                return from_messages_response(data, created=int(self._clock.wall()))
+        raise self._error_for(answer)
+
+    async def stream(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+        chunk_timeout: float | None = None,
+        total_timeout: float | None = None,
+    ) -> AsyncGenerator[StreamItem, None]:
+        """POST ``/v1/messages`` with ``stream: true`` and yield OpenAI chunks.
+
+        ``StreamEnd(done_seen=True)`` follows ``message_stop``; an event whose data is not a
+        JSON object is yielded as :class:`MalformedChunk`.
+        """
+        options = body.get("stream_options")
+        translator = AnthropicStreamTranslator(
+            created=int(self._clock.wall()),
+            include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+            provider=self.name,
+        )
+        events = stream_events(
+            self._session,
+            f"{self.base_url}/v1/messages",
+            headers={**self._headers, "Accept": "text/event-stream"},
+            payload=self._payload(body, stream=True),
+            provider=self.name,
+            timeout=timeout,
+            chunk_timeout=chunk_timeout,
+            total_timeout=total_timeout,
+            error_for=self._error_for,
+        )
+        async with aclosing(events):
+            async for event in events:
+                data = parse_json_object(event.data)
+                if data is None:
+                    yield MalformedChunk(event.data)
+                    continue
+                data.setdefault("type", event.event)
+                for chunk in translator.feed(data):
+                    yield chunk
+                if translator.done:
+                    yield StreamEnd(done_seen=True)
+                    return
+        yield StreamEnd(done_seen=False)
+
+    async def embed(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    ) -> JSONObject:
+        """Anthropic has no embeddings endpoint: always ``ProviderError(kind="bad_request")``."""
+        raise ProviderError(
+            K.BAD_REQUEST, "Anthropic does not offer embeddings", provider=self.name
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to release: the session belongs to whoever created it."""
+
+    def _payload(self, body: JSONObject, *, stream: bool) -> JSONObject:
+        model = body.get("model")
+        if isinstance(model, str):
+            body = {**body, "model": self._model_map.get(model, model)}
+        request = to_messages_request(
+            body, default_max_tokens=self.default_max_tokens, provider=self.name
+        )
+        request["stream"] = stream
+        return request
+
+    def _error_for(self, answer: HTTPAnswer) -> ProviderError:
+        return anthropic_error_for(answer, provider=self.name, now_wall=self._clock.wall())

@@ -1,0 +1,245 @@
+"""A provider for any OpenAI-compatible Chat Completions endpoint.
+
+OpenAI itself, vLLM, Ollama, the llama.cpp server and TGI all speak this dialect, so the body is
+passed through (only ``model`` may be renamed and ``stream`` is set). ``base_url`` includes the
+API version, as the official SDK expects: ``https://api.openai.com/v1``,
+``http://localhost:8000/v1`` (vLLM), ``http://localhost:11434/v1`` (Ollama).
+
+Failures map to kinds as follows (the first matching row wins):
+
+======================================================  ==================  =========
+what the endpoint said                                  kind                retryable
+======================================================  ==================  =========
+code ``insufficient_quota`` (429)                       ``rate_limited``    no
+429                                                     ``rate_limited``    yes
+code ``context_length_exceeded``, or a 400 whose
+message speaks of the context length/size/window        ``context_length``  no
+code ``content_filter``/``content_policy_violation``    ``content_filter``  no
+404, or code ``model_not_found``                        ``not_found``       no
+401, 403                                                ``auth``            no
+408, 504, or no answer within the timeout               ``timeout``         yes
+503, 529                                                ``overloaded``      yes
+any other 5xx                                           ``server``          yes
+any other 4xx                                           ``bad_request``     no
+refused, reset, DNS failure, a body cut off             ``connection``      yes
+a 2xx body that is not the expected JSON                ``malformed``       yes
+======================================================  ==================  =========
+
+``insufficient_quota`` means the account has run out of credit: waiting and retrying the same
+account cannot help, so it is not retryable; its kind stays ``rate_limited`` so that a router may
+still send the request to a provider billed to another account. ``Retry-After`` (or OpenAI's
+``retry-after-ms``) is kept on every error that carries it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+
+import aiohttp
+
+from tidegate.clock import Clock, SystemClock
+from tidegate.errors import ProviderError, ProviderErrorKind
+from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.transport import (
+    HTTPAnswer,
+    error_info,
+    parse_json_object,
+    post_json,
+    retry_after_from,
+    stream_events,
+)
+
+__all__ = ["OpenAIProvider", "openai_error_for"]
+
+K = ProviderErrorKind
+
+_CONTEXT_MESSAGE = re.compile(r"context (length|size|window)", re.IGNORECASE)
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+_FILTER_CODES = frozenset({"content_filter", "content_policy_violation"})
+
+
+def openai_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -> ProviderError:
+    """The :class:`ProviderError` for an unsuccessful answer from an OpenAI-compatible server.
+
+    A 2xx answer reaches here only when its body was unusable: it is ``malformed`` unless the
+    body itself is an error object.
+    """
+    info = error_info(answer.body)
+    # An error event inside a 200 stream may carry the status it would have had.
+    status = answer.status if answer.status >= 300 or info.status is None else info.status
+    retry_after = retry_after_from(answer.headers, now_wall)
+    codes = {info.code, info.type}
+    message = info.message or f"HTTP {status}"
+    retryable: bool | None = None
+    if "insufficient_quota" in codes:
+        kind, retryable, retry_after = K.RATE_LIMITED, False, None
+    elif status == 429:
+        kind = K.RATE_LIMITED
+    elif codes & _CONTEXT_CODES or (status == 400 and _CONTEXT_MESSAGE.search(info.message)):
+        kind = K.CONTEXT_LENGTH
+    elif codes & _FILTER_CODES:
+        kind = K.CONTENT_FILTER
+    elif status == 404 or "model_not_found" in codes:
+        kind = K.NOT_FOUND
+    elif status in (401, 403):
+        kind = K.AUTH
+    elif status in (408, 504):
+        kind = K.TIMEOUT
+    elif status in (503, 529):
+        kind = K.OVERLOADED
+    elif status >= 500:
+        kind = K.SERVER
+    elif status >= 400:
+        kind = K.BAD_REQUEST
+    elif _is_error_object(answer.body):
+        # A 2xx carrying an error object: some servers report failures this way.
+        kind = K.SERVER
+    else:
+        kind = K.MALFORMED
+        message = f"HTTP {status} with a body that is not the expected JSON"
+    return ProviderError(
+        kind,
+        message,
+        provider=provider,
+        retryable=retryable,
+        retry_after=retry_after,
+        status=status,
+    )
+
+
+def _is_error_object(body: bytes) -> bool:
+    data = parse_json_object(body)
+    return data is not None and ("error" in data or data.get("object") == "error")
+
+
+class OpenAIProvider:
+    """Chat completions, streams and embeddings from an OpenAI-compatible HTTP endpoint.
+
+    ``session`` is the process's shared ``aiohttp.ClientSession``: the provider borrows it and
+    never closes it. ``model_map`` renames models on the way out (for example a served name in
+    vLLM); a model not in it is sent as it is. ``headers`` are added to every request (for
+    example ``OpenAI-Organization``). ``clock`` is read only to interpret an HTTP-date
+    ``Retry-After``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None,
+        session: aiohttp.ClientSession,
+        *,
+        model_map: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._session = session
+        self._model_map = dict(model_map or {})
+        self._clock: Clock = clock or SystemClock()
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    def __repr__(self) -> str:
+        return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
+
+    async def complete(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    ) -> JSONObject:
+        """POST ``/chat/completions`` with ``stream: false``."""
+        answer = await post_json(
+            self._session,
+            f"{self.base_url}/chat/completions",
+            headers=self._headers,
+            payload=self._payload(body, stream=False),
+            timeout=timeout,
+            provider=self.name,
+        )
+        return self._parsed(answer, required="choices")
+
+    async def stream(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+        chunk_timeout: float | None = None,
+        total_timeout: float | None = None,
+    ) -> AsyncGenerator[StreamItem, None]:
+        """POST ``/chat/completions`` with ``stream: true`` and yield the parsed chunks.
+
+        An event whose data is not a JSON object is yielded as :class:`MalformedChunk`. An
+        ``{"error": ...}`` event (vLLM and OpenAI send these mid-stream) is raised as a
+        :class:`ProviderError`. The last item is ``StreamEnd(done_seen=...)``.
+        """
+        events = stream_events(
+            self._session,
+            f"{self.base_url}/chat/completions",
+            headers={**self._headers, "Accept": "text/event-stream"},
+            payload=self._payload(body, stream=True),
+            provider=self.name,
+            timeout=timeout,
+            chunk_timeout=chunk_timeout,
+            total_timeout=total_timeout,
+            error_for=self._error_for,
+        )
+        async with aclosing(events):
+            async for event in events:
+                if event.data.strip() == "[DONE]":
+                    yield StreamEnd(done_seen=True)
+                    return
+                chunk = parse_json_object(event.data)
+                if chunk is None:
+                    yield MalformedChunk(event.data)
+                elif "error" in chunk and not chunk.get("choices"):
+                    raise self._error_for(HTTPAnswer(200, {}, event.data.encode()))
+                else:
+                    yield chunk
+        yield StreamEnd(done_seen=False)
+
+    async def embed(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    ) -> JSONObject:
+        """POST ``/embeddings``."""
+        answer = await post_json(
+            self._session,
+            f"{self.base_url}/embeddings",
+            headers=self._headers,
+            payload=self._payload(body, stream=None),
+            timeout=timeout,
+            provider=self.name,
+        )
+        return self._parsed(answer, required="data")
+
+    async def aclose(self) -> None:
+        """Nothing to release: the session belongs to whoever created it."""
+
+    def _payload(self, body: JSONObject, *, stream: bool | None) -> JSONObject:
+        payload = dict(body)
+        model = payload.get("model")
+        if isinstance(model, str):
+            payload["model"] = self._model_map.get(model, model)
+        if stream is not None:
+            payload["stream"] = stream
+        if not stream:
+            payload.pop("stream_options", None)  # servers reject it on a non-streamed call
+        return payload
+
+    def _error_for(self, answer: HTTPAnswer) -> ProviderError:
+        return openai_error_for(answer, provider=self.name, now_wall=self._clock.wall())
+
+    def _parsed(self, answer: HTTPAnswer, *, required: str) -> JSONObject:
+        if 200 <= answer.status < 300:
+            data = parse_json_object(answer.body)
+            if data is not None and isinstance(data.get(required), list):
+                return data
+        raise self._error_for(answer)

@@ -1,0 +1,244 @@
+"""HTTP plumbing shared by the HTTP providers: one POST, one event stream, one error vocabulary.
+
+Everything here borrows the caller's ``aiohttp.ClientSession`` (one per process) and turns every
+way a call can fail into a :class:`~tidegate.errors.ProviderError`. Time limits are enforced
+with ``asyncio.timeout`` around each wait, never with the session's own ``ClientTimeout`` (which
+is switched off per request, so that one mechanism decides and a long stream is not cut at the
+session default of five minutes). Cancellation from outside is never converted: it propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tidegate.errors import ProviderError, ProviderErrorKind
+from tidegate.providers.base import JSONObject, parse_retry_after
+from tidegate.providers.sse import SSEDecoder, SSEEvent, SSELineTooLong
+
+__all__ = [
+    "NO_CLIENT_TIMEOUT",
+    "ErrorInfo",
+    "HTTPAnswer",
+    "error_info",
+    "exception_to_error",
+    "parse_json_object",
+    "post_json",
+    "retry_after_from",
+    "stream_events",
+]
+
+#: Per-request override of the session's ``ClientTimeout``: the providers time calls themselves.
+NO_CLIENT_TIMEOUT = aiohttp.ClientTimeout(
+    total=None, connect=None, sock_read=None, sock_connect=None
+)
+
+_MAX_MESSAGE = 500  # characters of a provider's error text kept in our message
+
+K = ProviderErrorKind
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPAnswer:
+    """A whole HTTP response: status, headers and body bytes."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What an error body says, whatever dialect it was written in."""
+
+    message: str
+    type: str
+    code: str
+    #: An HTTP status written inside the body (vLLM's integer ``code``), if any.
+    status: int | None = None
+
+
+def exception_to_error(
+    exc: BaseException, *, provider: str, timeout_message: str
+) -> ProviderError | None:
+    """The :class:`ProviderError` for a client-side failure, or ``None`` if ``exc`` is not one.
+
+    ``None`` means the exception is a bug or a cancellation and must propagate unchanged.
+    """
+    if isinstance(exc, ProviderError):
+        return exc
+    # aiohttp's own ServerTimeoutError subclasses TimeoutError, so one branch covers both.
+    if isinstance(exc, TimeoutError):
+        return ProviderError(K.TIMEOUT, timeout_message, provider=provider)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return ProviderError(
+            K.CONNECTION, f"the response was cut off: {_short(exc)}", provider=provider
+        )
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return ProviderError(
+            K.MALFORMED, f"invalid HTTP response: {_short(exc)}", provider=provider
+        )
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return ProviderError(K.CONNECTION, _short(exc) or type(exc).__name__, provider=provider)
+    if isinstance(exc, SSELineTooLong):
+        return ProviderError(K.MALFORMED, str(exc), provider=provider)
+    return None
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
+
+
+def retry_after_from(headers: Mapping[str, str], now_wall: float) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` (OpenAI's finer hint) or ``Retry-After``."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        seconds = parse_retry_after(millis, now_wall)
+        if seconds is not None:
+            return seconds / 1000.0
+    return parse_retry_after(headers.get("retry-after"), now_wall)
+
+
+def parse_json_object(raw: bytes | str) -> JSONObject | None:
+    """``raw`` decoded as a JSON object, or ``None`` if it is not valid JSON or not an object."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def error_info(body: bytes | JSONObject) -> ErrorInfo:
+    """Message, type and code from an error body in any of the common dialects.
+
+    Understood: OpenAI ``{"error": {"message", "type", "code"}}``, Anthropic
+    ``{"type": "error", "error": {"type", "message"}}``, vLLM ``{"object": "error", "message",
+    "type", "code"}``, Ollama ``{"error": "text"}``, and plain text.
+    """
+    data = body if isinstance(body, dict) else parse_json_object(body)
+    if data is None:
+        text = body.decode("utf-8", errors="replace").strip() if isinstance(body, bytes) else ""
+        return ErrorInfo(_short(text), "", "")
+    inner: Any = data.get("error", data)
+    if isinstance(inner, str):
+        return ErrorInfo(_short(inner), "", "")
+    if not isinstance(inner, dict):
+        return ErrorInfo(_short(orjson.dumps(data).decode()), "", "")
+    message = inner.get("message")
+    kind = inner.get("type")
+    code = inner.get("code")
+    status = code if type(code) is int and 400 <= code <= 599 else None
+    return ErrorInfo(
+        _short(message) if isinstance(message, str) else "",
+        kind if isinstance(kind, str) else "",
+        code if isinstance(code, str) else "",
+        status,
+    )
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    payload: JSONObject,
+    timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    provider: str,
+) -> HTTPAnswer:
+    """POST ``payload`` as JSON and read the whole answer within ``timeout`` seconds."""
+    try:
+        async with (
+            asyncio.timeout(timeout),
+            session.post(
+                url, data=orjson.dumps(payload), headers=headers, timeout=NO_CLIENT_TIMEOUT
+            ) as response,
+        ):
+            body = await response.read()
+            return HTTPAnswer(response.status, response.headers, body)
+    except Exception as exc:
+        error = exception_to_error(
+            exc, provider=provider, timeout_message=f"no answer within {timeout:g}s"
+        )
+        if error is None or error is exc:
+            raise
+        raise error from exc
+
+
+async def stream_events(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    payload: JSONObject,
+    provider: str,
+    timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    chunk_timeout: float | None,
+    total_timeout: float | None,
+    error_for: Callable[[HTTPAnswer], ProviderError],
+) -> AsyncGenerator[SSEEvent, None]:
+    """POST ``payload`` and yield the server-sent events of the answer.
+
+    ``timeout`` runs until the first event, ``chunk_timeout`` between two events (measured
+    while this generator waits, not while the caller works) and ``total_timeout`` over the
+    whole stream. An answer that is not a 2xx event stream is read whole and handed to
+    ``error_for``, whose error is raised. Close the generator (``contextlib.aclosing``) when
+    leaving early: that releases the connection at once.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first_deadline = started + timeout
+    total_deadline = None if total_timeout is None else started + total_timeout
+
+    def deadline_and_reason(first: bool) -> tuple[float | None, str]:
+        if first:
+            candidates = [(first_deadline, f"no first chunk within {timeout:g}s")]
+        elif chunk_timeout is not None:
+            candidates = [(loop.time() + chunk_timeout, f"no chunk for {chunk_timeout:g}s")]
+        else:
+            candidates = []
+        if total_deadline is not None:
+            candidates.append((total_deadline, f"the stream ran past {total_timeout:g}s"))
+        if not candidates:
+            return None, ""
+        return min(candidates, key=lambda pair: pair[0])
+
+    deadline, reason = deadline_and_reason(first=True)
+    response: aiohttp.ClientResponse | None = None
+    try:
+        async with asyncio.timeout_at(deadline):
+            response = await session.post(
+                url, data=orjson.dumps(payload), headers=headers, timeout=NO_CLIENT_TIMEOUT
+            )
+            content_type = response.headers.get("content-type", "")
+            if response.status >= 300 or not content_type.startswith("text/event-stream"):
+                body = await response.read()
+                raise error_for(HTTPAnswer(response.status, response.headers, body))
+        decoder = SSEDecoder()
+        while True:
+            async with asyncio.timeout_at(deadline):
+                data = await response.content.readany()
+            events = decoder.feed(data) if data else decoder.end()
+            for event in events:
+                yield event
+                deadline, reason = deadline_and_reason(first=False)
+            if not data:
+                response.release()  # the body is complete: the connection may be reused
+                return
+    except Exception as exc:
+        error = exception_to_error(exc, provider=provider, timeout_message=reason)
+        if error is None or error is exc:
+            raise
+        raise error from exc
+    finally:
+        if response is not None and not response.closed:
+            # Anything but a complete body (a cut, a stall, an early exit) drops the connection,
+            # so that the rest of this answer is never read as the start of the next one.
+            with suppress(Exception):
+                response.close()

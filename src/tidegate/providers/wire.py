@@ -1,0 +1,162 @@
+"""Builders for the OpenAI Chat Completions wire shapes, the lingua franca inside tidegate.
+
+The providers translate into these shapes, the fakes answer with them, and tests compare
+against them; having one builder per shape keeps every producer byte-for-byte consistent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tidegate.providers.base import JSONObject
+
+__all__ = [
+    "assemble_completion",
+    "chat_chunk",
+    "chat_completion",
+    "completion_chunks",
+    "embeddings_response",
+    "openai_error",
+    "usage",
+]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> JSONObject:
+    """An OpenAI ``usage`` object; ``total_tokens`` is the sum."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_completion(
+    *,
+    id: str,
+    model: str,
+    created: int,
+    content: str | None,
+    finish_reason: str | None = "stop",
+    usage: JSONObject | None = None,
+) -> JSONObject:
+    """A one-choice ``chat.completion``."""
+    body: JSONObject = {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def chat_chunk(
+    *,
+    id: str,
+    model: str,
+    created: int,
+    delta: JSONObject | None = None,
+    finish_reason: str | None = None,
+    usage: JSONObject | None = None,
+) -> JSONObject:
+    """A ``chat.completion.chunk``; with ``delta=None`` it is the usage-only chunk (no choices)."""
+    chunk: JSONObject = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def openai_error(
+    message: str, *, type: str, code: str | None = None, param: str | None = None
+) -> JSONObject:
+    """An OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def embeddings_response(
+    *, model: str, vectors: Sequence[Sequence[float]], prompt_tokens: int
+) -> JSONObject:
+    """An OpenAI embeddings ``list`` with one ``embedding`` object per input, in order."""
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": index, "embedding": list(vector)}
+            for index, vector in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def completion_chunks(completion: JSONObject) -> list[JSONObject]:
+    """The chunks a server would have streamed for ``completion``: role, content, finish, usage.
+
+    The usage chunk is included only if the completion has ``usage``.
+    """
+    choice: dict[str, Any] = (completion.get("choices") or [{}])[0]
+    message: dict[str, Any] = choice.get("message") or {}
+    common: dict[str, Any] = {
+        "id": completion.get("id", ""),
+        "model": completion.get("model", ""),
+        "created": completion.get("created", 0),
+    }
+    chunks = [chat_chunk(**common, delta={"role": message.get("role", "assistant"), "content": ""})]
+    if message.get("content"):
+        chunks.append(chat_chunk(**common, delta={"content": message["content"]}))
+    chunks.append(chat_chunk(**common, delta={}, finish_reason=choice.get("finish_reason")))
+    if completion.get("usage") is not None:
+        chunks.append(chat_chunk(**common, usage=completion["usage"]))
+    return chunks
+
+
+def assemble_completion(chunks: Iterable[JSONObject]) -> JSONObject:
+    """The ``chat.completion`` that a stream of chunks adds up to (first choice only).
+
+    Content deltas are concatenated; the last ``finish_reason`` and the last ``usage`` win.
+    """
+    id_, model, created = "", "", 0
+    parts: list[str] = []
+    finish_reason: str | None = None
+    total: JSONObject | None = None
+    seen_content = False
+    for chunk in chunks:
+        id_ = chunk.get("id") or id_
+        model = chunk.get("model") or model
+        created = chunk.get("created") or created
+        if chunk.get("usage") is not None:
+            total = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            content = (choice.get("delta") or {}).get("content")
+            if isinstance(content, str):
+                seen_content = True
+                parts.append(content)
+            if choice.get("finish_reason") is not None:
+                finish_reason = choice["finish_reason"]
+    return chat_completion(
+        id=id_,
+        model=model,
+        created=created,
+        content="".join(parts) if seen_content else None,
+        finish_reason=finish_reason,
+        usage=total,
+    )

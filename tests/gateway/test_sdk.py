@@ -1,0 +1,144 @@
+"""End to end: a real gateway on loopback, driven by the official openai SDK."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.gateway.harness import KEY, fake, running_gateway
+
+
+def _client(base: str, **kwargs: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, **kwargs)  # type: ignore[arg-type]
+
+
+BASIC = {
+    "providers": {
+        "primary": fake("from primary", model="model-a"),
+        "backup": fake("from backup", model="model-b"),
+    },
+    "models": {"chat": {"providers": ["primary", "backup"]}},
+}
+
+
+def test_non_streaming_answer(tmp_path: Path) -> None:
+    """A plain completion comes back as the SDK's ChatCompletion, naming the serving model."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        raw = client.chat.completions.with_raw_response.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        reply = raw.parse()
+        client.close()
+    assert reply.choices[0].message.content == "from primary"
+    assert reply.model == "model-a"
+    assert raw.headers["x-tidegate-served-by"] == "primary"
+    assert raw.headers["x-tidegate-tried"] == "primary=ok"
+    assert raw.headers["x-request-id"]
+    assert reply.usage is not None and reply.usage.total_tokens > 0
+
+
+def test_streaming_answer_with_usage(tmp_path: Path) -> None:
+    """A stream arrives chunk by chunk, ends normally, and carries usage when asked."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        stream = client.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        client.close()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.split() == ["from", "primary"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+    assert any(c.choices and c.choices[0].finish_reason == "stop" for c in chunks)
+
+
+def test_failover_to_the_approved_fallback(tmp_path: Path) -> None:
+    """A primary answering 503 every time is retried, then the fallback serves and says so."""
+    config = {
+        "providers": {
+            "primary": fake(model="model-a", faults=[{"kind": "http", "status": 503}]),
+            "backup": fake("from backup", model="model-b"),
+        },
+        "models": {"chat": {"providers": ["primary", "backup"]}},
+        "retry": {"attempts": 2, "base_s": 0.01, "cap_s": 0.02},
+    }
+    with running_gateway(tmp_path, config) as (base, _):
+        client = _client(base)
+        raw = client.chat.completions.with_raw_response.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        client.close()
+    reply = raw.parse()
+    assert reply.choices[0].message.content == "from backup"
+    assert reply.model == "model-b"
+    assert raw.headers["x-tidegate-served-by"] == "backup"
+    assert raw.headers["x-tidegate-tried"] == "primary=overloaded, primary=overloaded, backup=ok"
+
+
+def test_rate_limit_is_the_sdks_rate_limit_error(tmp_path: Path) -> None:
+    """Past the per-user burst the SDK raises RateLimitError with Retry-After and RateLimit headers."""
+    config = {**BASIC, "rate_limits": {"per_user": {"rate_per_s": 0.01, "burst": 2}}}
+    with running_gateway(tmp_path, config) as (base, _):
+        client = _client(base)
+        for _ in range(2):
+            client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "x"}]
+            )
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "x"}]
+            )
+        client.close()
+    response = caught.value.response
+    assert response.status_code == 429
+    assert int(response.headers["retry-after"]) >= 1
+    assert "RateLimit-Policy".lower() in response.headers
+    assert caught.value.body == {  # the SDK hands over the "error" object
+        "type": "rate_limit_error",
+        "code": "rate_limited",
+        "message": caught.value.body["message"],  # type: ignore[index]
+        "retryable": True,
+    }
+
+
+def test_kill_switch_is_an_honest_503(tmp_path: Path) -> None:
+    """With answer.mode=unavailable the SDK gets a 503 InternalServerError with Retry-After."""
+    import asyncio
+
+    with running_gateway(tmp_path, BASIC) as (base, app):
+        assert app.runtime is not None
+        rt = app.runtime
+        asyncio.run(rt.stores.flags.set("answer.mode", "unavailable", who="test", why="drill"))
+        rt.flags.set("answer.mode", "unavailable", who="test", why="drill")
+        client = _client(base)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "x"}]
+            )
+        client.close()
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["retry-after"] == "30"
+    assert caught.value.body["code"] == "unavailable"  # type: ignore[index]
+
+
+def test_unknown_model_and_bad_key(tmp_path: Path) -> None:
+    """An unknown alias is NotFoundError (404); a wrong key is AuthenticationError (401)."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="nope", messages=[{"role": "user", "content": "x"}]
+            )
+        bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+        models = client.models.list()
+        client.close()
+        bad.close()
+    assert [m.id for m in models.data] == ["chat"]

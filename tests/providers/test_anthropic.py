@@ -1,0 +1,402 @@
+"""The Anthropic provider: translation both ways, streaming events, error mapping."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tidegate.clock import ManualClock
+from tidegate.errors import ProviderError, ProviderErrorKind
+from tidegate.providers.anthropic import (
+    ANTHROPIC_VERSION,
+    AnthropicProvider,
+    AnthropicStreamTranslator,
+    from_messages_response,
+    to_messages_request,
+)
+from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
+
+from .conftest import Serve
+
+K = ProviderErrorKind
+
+MESSAGE = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-x",
+    "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " world"}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 10, "output_tokens": 2},
+}
+
+EVENTS: list[dict[str, Any]] = [
+    {
+        "type": "message_start",
+        "message": {
+            **MESSAGE,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1},
+        },
+    },
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "ping"},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}},
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+        "usage": {"output_tokens": 2},
+    },
+    {"type": "message_stop"},
+]
+
+
+def test_request_translation() -> None:
+    """System messages join into ``system``, same-role turns merge, and knobs are renamed."""
+    body = {
+        "model": "claude-x",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+            {"role": "user", "content": "Hi"},
+            {"role": "user", "content": [{"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": "Bon"},
+        ],
+        "stop": "END",
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "user": "u-1",
+        "presence_penalty": 1.0,
+    }
+    assert to_messages_request(body, default_max_tokens=256) == {
+        "model": "claude-x",
+        "max_tokens": 256,
+        "system": "Be brief.\n\nUse French.",
+        "messages": [
+            {"role": "user", "content": "Hithere"},
+            {"role": "assistant", "content": "Bon"},
+        ],
+        "stop_sequences": ["END"],
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "metadata": {"user_id": "u-1"},
+    }
+
+
+def test_max_tokens_prefers_max_completion_tokens() -> None:
+    """``max_completion_tokens`` wins over ``max_tokens``; either wins over the default."""
+    body = {"model": "c", "messages": [], "max_tokens": 50, "max_completion_tokens": 70}
+    assert to_messages_request(body, default_max_tokens=9)["max_tokens"] == 70
+    assert (
+        to_messages_request({"model": "c", "max_tokens": 50}, default_max_tokens=9)["max_tokens"]
+        == 50
+    )
+
+
+def test_images_become_image_blocks() -> None:
+    """A base64 data URL becomes a base64 source and a web URL a url source."""
+    content = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}},
+    ]
+    request = to_messages_request(
+        {"model": "c", "messages": [{"role": "user", "content": content}]}, default_max_tokens=9
+    )
+    assert request["messages"][0]["content"] == [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}},
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"n": 2},
+        {"logprobs": True},
+        {"response_format": {"type": "json_object"}},
+        {"messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}]},
+    ],
+)
+def test_untranslatable_features_are_refused(extra: dict[str, Any]) -> None:
+    """Features the translation cannot keep raise bad_request instead of being dropped."""
+    body = {"model": "c", "messages": [{"role": "user", "content": "x"}], **extra}
+    with pytest.raises(ProviderError) as caught:
+        to_messages_request(body, default_max_tokens=9, provider="a")
+    assert (caught.value.kind, caught.value.provider) == (K.BAD_REQUEST, "a")
+
+
+def test_response_translation() -> None:
+    """Text blocks join into the message, end_turn becomes stop and usage is renamed."""
+    completion = from_messages_response(MESSAGE, created=7)
+    assert completion["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
+    assert completion["choices"][0]["finish_reason"] == "stop"
+    assert completion["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    assert (completion["id"], completion["model"], completion["created"]) == (
+        "msg_1",
+        "claude-x",
+        7,
+    )
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "finish"),
+    [("stop_sequence", "stop"), ("max_tokens", "length"), ("refusal", "content_filter")],
+)
+def test_stop_reasons(stop_reason: str, finish: str) -> None:
+    """Each Anthropic stop reason maps to OpenAI's finish reason."""
+    completion = from_messages_response({**MESSAGE, "stop_reason": stop_reason}, created=0)
+    assert completion["choices"][0]["finish_reason"] == finish
+
+
+def test_cached_input_counts_as_prompt_tokens() -> None:
+    """Cache reads and writes are part of prompt_tokens, and reads show as cached_tokens."""
+    usage = {
+        "input_tokens": 5,
+        "cache_read_input_tokens": 100,
+        "cache_creation_input_tokens": 20,
+        "output_tokens": 1,
+    }
+    completion = from_messages_response({**MESSAGE, "usage": usage}, created=0)
+    assert completion["usage"]["prompt_tokens"] == 125
+    assert completion["usage"]["prompt_tokens_details"] == {"cached_tokens": 100}
+
+
+def test_stream_translation() -> None:
+    """The event sequence becomes role, text deltas, finish and (asked for) usage chunks."""
+    translator = AnthropicStreamTranslator(created=3, include_usage=True)
+    chunks = [chunk for event in EVENTS for chunk in translator.feed(event)]
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hel"},
+        {"content": "lo"},
+        {},
+    ]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    assert {chunk["id"] for chunk in chunks} == {"msg_1"}
+    assert translator.done
+
+
+def test_stream_error_event_is_raised() -> None:
+    """An ``error`` event raises the kind its error type names."""
+    translator = AnthropicStreamTranslator(created=0, provider="a")
+    with pytest.raises(ProviderError) as caught:
+        translator.feed(
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+        )
+    assert (caught.value.kind, caught.value.message) == (K.OVERLOADED, "Overloaded")
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        f"event: {e['type']}\ndata: ".encode() + orjson.dumps(e) + b"\n\n" for e in events
+    )
+
+
+class FakeMessagesAPI:
+    """A small Messages API: records requests, answers with a canned message or stream."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self.reply: tuple[int, bytes, str, dict[str, str]] = (
+            200,
+            orjson.dumps(MESSAGE),
+            "application/json",
+            {},
+        )
+
+    def app(self) -> web.Application:
+        async def handler(request: web.Request) -> web.Response:
+            self.requests.append((request.path, dict(request.headers), await request.json()))
+            status, body, content_type, headers = self.reply
+            return web.Response(
+                status=status, body=body, content_type=content_type, headers=headers
+            )
+
+        app = web.Application()
+        app.router.add_post("/v1/messages", handler)
+        return app
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_complete_sends_messages_request_with_headers(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """complete() posts a Messages request with the key and version headers and translates back."""
+    api = FakeMessagesAPI()
+    clock = ManualClock(wall_start=1_000.0)
+    provider = AnthropicProvider(
+        "a", await serve(api.app()), "sk-ant", session, default_max_tokens=64, clock=clock
+    )
+    body = {
+        "model": "claude-x",
+        "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
+    }
+    completion = await provider.complete(body, timeout=1.0)
+    assert completion["choices"][0]["message"]["content"] == "Hello world"
+    assert completion["created"] == 1000
+    path, headers, sent = api.requests[0]
+    assert path == "/v1/messages"
+    assert (headers["x-api-key"], headers["anthropic-version"]) == ("sk-ant", ANTHROPIC_VERSION)
+    assert sent == {
+        "model": "claude-x",
+        "max_tokens": 64,
+        "system": "S",
+        "messages": [{"role": "user", "content": "Q"}],
+        "stream": False,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_stream_translates_an_event_sequence(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """stream() turns Messages events into OpenAI chunks and ends with StreamEnd(True)."""
+    api = FakeMessagesAPI()
+    events = [*EVENTS[:3], {"type": "future_event"}, *EVENTS[3:]]
+    api.reply = (
+        200,
+        _sse(events[:4]) + b"data: {oops\n\n" + _sse(events[4:]),
+        "text/event-stream",
+        {},
+    )
+    provider = AnthropicProvider("a", await serve(api.app()), "k", session)
+    body = {
+        "model": "claude-x",
+        "messages": [{"role": "user", "content": "Q"}],
+        "stream_options": {"include_usage": True},
+    }
+    stream = provider.stream(body, timeout=1.0)
+    async with aclosing(stream):
+        items: list[StreamItem] = [item async for item in stream]
+    assert api.requests[0][2]["stream"] is True
+    assert sum(isinstance(item, MalformedChunk) for item in items) == 1
+    text = "".join(
+        item["choices"][0]["delta"].get("content", "")
+        for item in items
+        if isinstance(item, dict) and item["choices"]
+    )
+    assert text == "Hello"
+    assert items[-1] == StreamEnd(done_seen=True)
+    assert isinstance(items[-2], dict)
+    assert items[-2]["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_stream_without_message_stop_is_not_done(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """A stream that ends before message_stop ends with StreamEnd(done_seen=False)."""
+    api = FakeMessagesAPI()
+    api.reply = (200, _sse(EVENTS[:-1]), "text/event-stream", {})
+    provider = AnthropicProvider("a", await serve(api.app()), "k", session)
+    stream = provider.stream(
+        {"model": "c", "messages": [{"role": "user", "content": "Q"}]}, timeout=1.0
+    )
+    async with aclosing(stream):
+        items = [item async for item in stream]
+    assert items[-1] == StreamEnd(done_seen=False)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_stream_error_event_over_http(serve: Serve, session: aiohttp.ClientSession) -> None:
+    """An error event in the middle of a stream raises after the text before it."""
+    api = FakeMessagesAPI()
+    error = {"type": "error", "error": {"type": "api_error", "message": "boom"}}
+    api.reply = (200, _sse([*EVENTS[:4], error]), "text/event-stream", {})
+    provider = AnthropicProvider("a", await serve(api.app()), "k", session)
+    received: list[StreamItem] = []
+
+    async def consume() -> None:
+        async with aclosing(provider.stream({"model": "c", "messages": []}, timeout=1.0)) as stream:
+            async for item in stream:
+                received.append(item)
+
+    with pytest.raises(ProviderError) as caught:
+        await consume()
+    assert caught.value.kind == K.SERVER
+    assert len(received) == 2  # the role chunk and "Hel"
+
+
+def _anthropic_error(kind: str, message: str) -> bytes:
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("status", "error_type", "message", "kind"),
+    [
+        (429, "rate_limit_error", "slow down", K.RATE_LIMITED),
+        (529, "overloaded_error", "Overloaded", K.OVERLOADED),
+        (500, "api_error", "internal", K.SERVER),
+        (504, "timeout_error", "timed out", K.TIMEOUT),
+        (
+            400,
+            "invalid_request_error",
+            "prompt is too long: 200001 tokens > 200000 maximum",
+            K.CONTEXT_LENGTH,
+        ),
+        (400, "invalid_request_error", "temperature: must be at most 1", K.BAD_REQUEST),
+        (413, "request_too_large", "too big", K.BAD_REQUEST),
+        (401, "authentication_error", "bad key", K.AUTH),
+        (403, "permission_error", "no", K.AUTH),
+        (404, "not_found_error", "model: claude-nope", K.NOT_FOUND),
+    ],
+)
+async def test_errors_map_to_kinds(
+    status: int,
+    error_type: str,
+    message: str,
+    kind: K,
+    serve: Serve,
+    session: aiohttp.ClientSession,
+) -> None:
+    """Each Messages API error status and type raises the documented kind with its message."""
+    api = FakeMessagesAPI()
+    api.reply = (
+        status,
+        _anthropic_error(error_type, message),
+        "application/json",
+        {"retry-after": "5"},
+    )
+    provider = AnthropicProvider("a", await serve(api.app()), "k", session)
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete({"model": "c", "messages": []}, timeout=1.0)
+    assert (caught.value.kind, caught.value.message, caught.value.status) == (kind, message, status)
+    assert caught.value.retry_after == 5.0
+
+
+@pytest.mark.asyncio
+async def test_embeddings_are_refused_without_a_call() -> None:
+    """embed() raises bad_request: Anthropic has no embeddings endpoint."""
+    async with aiohttp.ClientSession() as session:
+        provider = AnthropicProvider("a", "http://127.0.0.1:1", "k", session)
+        with pytest.raises(ProviderError) as caught:
+            await provider.embed({"model": "c", "input": "x"}, timeout=1.0)
+    assert (caught.value.kind, caught.value.retryable) == (K.BAD_REQUEST, False)
+
+
+@pytest.mark.asyncio
+async def test_default_max_tokens_must_be_positive(session: aiohttp.ClientSession) -> None:
+    """A default_max_tokens below one is a ValueError."""
+    with pytest.raises(ValueError, match="default_max_tokens"):
+        AnthropicProvider("a", "http://x", "k", session, default_max_tokens=0)
