@@ -58,7 +58,9 @@ def test_every_provider_kind_has_a_row() -> None:
 
 def test_rejection_carries_policy_and_retry_after_into_http() -> None:
     """A rejection answers with its status, the JSON body shape, and Retry-After rounded up."""
-    status, body, headers = http_error(RateLimited("slow down", policy="ratelimit", retry_after=0.2))
+    status, body, headers = http_error(
+        RateLimited("slow down", policy="ratelimit", retry_after=0.2)
+    )
     assert status == 429
     assert body == {
         "error": {

@@ -37,7 +37,8 @@ def test_non_streaming_answer(tmp_path: Path) -> None:
     assert raw.headers["x-tidegate-served-by"] == "primary"
     assert raw.headers["x-tidegate-tried"] == "primary=ok"
     assert raw.headers["x-request-id"]
-    assert reply.usage is not None and reply.usage.total_tokens > 0
+    assert reply.usage is not None
+    assert reply.usage.total_tokens > 0
 
 
 def test_streaming_answer_with_usage(tmp_path: Path) -> None:
@@ -54,7 +55,8 @@ def test_streaming_answer_with_usage(tmp_path: Path) -> None:
         client.close()
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.split() == ["from", "primary"]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 2
     assert any(c.choices and c.choices[0].finish_reason == "stop" for c in chunks)
 
 
