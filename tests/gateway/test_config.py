@@ -130,3 +130,49 @@ def test_serve_refuses_to_start_and_exits_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "refusing to start" in result.output
     assert "unknown key 'servr'" in result.output
+
+
+def _keys(model: type[Any], prefix: str = "") -> list[str]:
+    import typing
+
+    from pydantic import BaseModel
+
+    def nested(annotation: Any) -> list[tuple[type[BaseModel], str]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [(annotation, ".")]
+        if typing.get_origin(annotation) is dict:
+            return [(m, ".<name>.") for m, _ in nested(typing.get_args(annotation)[1])]
+        return [pair for arg in typing.get_args(annotation) for pair in nested(arg)]
+
+    found = []
+    for name, field in model.model_fields.items():
+        key = prefix + name
+        found.append(key)
+        for inner, joint in nested(field.annotation):
+            found += _keys(inner, key + joint)
+    return found
+
+
+def test_every_config_key_is_documented() -> None:
+    """docs/configuration.md has a row for every key the config models accept."""
+    from tidegate.gateway.config import Config
+
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    sections = {
+        "server",
+        "auth",
+        "state",
+        "retry",
+        "breaker",
+        "rate_limits",
+        "admission",
+        "idempotency",
+        "cache",
+        "logging",
+        "providers.<name>.stream",
+        "rate_limits.per_user",
+        "rate_limits.per_tenant",
+        "budgets.degrade",
+    }
+    missing = [k for k in _keys(Config) if k not in sections and f"| `{k}` |" not in doc]
+    assert missing == []

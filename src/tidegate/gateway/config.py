@@ -75,7 +75,6 @@ class ServerConfig(_Strict):
 
 class AuthConfig(_Strict):
     keys_file: Path | None = None
-    admin_keys_file: Path | None = None
 
 
 class StateConfig(_Strict):
@@ -177,6 +176,9 @@ class AdmissionConfig(_Strict):
     dequeue: Literal["fifo", "strict", "weighted"] = "strict"
     weights: dict[str, PositiveFloat] | None = None
     priority_at_admission: bool = True
+    conditional_priority: PositiveFloat | None = None
+    initial_service_time_s: PositiveFloat = 1.0
+    drop_expired_at_dequeue: bool = True
 
 
 class IdempotencyConfig(_Strict):
@@ -221,6 +223,9 @@ class Config(_Strict):
                     raise ValueError(
                         f"models.{alias}.providers names {name!r}, which is not under providers"
                     )
+        degrade = self.budgets.degrade.model if self.budgets is not None else None
+        if degrade is not None and degrade not in self.models:
+            raise ValueError(f"budgets.degrade.model names {degrade!r}, which is not under models")
         return self
 
 
@@ -287,10 +292,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> list[str]:
 
 
 def _check_secret_files(config: Config, base: Path) -> None:
-    files: list[tuple[str, Path | None]] = [
-        ("auth.keys_file", config.auth.keys_file),
-        ("auth.admin_keys_file", config.auth.admin_keys_file),
-    ]
+    files: list[tuple[str, Path | None]] = [("auth.keys_file", config.auth.keys_file)]
     files += [(f"providers.{n}.api_key_file", p.api_key_file) for n, p in config.providers.items()]
     for key, path in files:
         if path is None:

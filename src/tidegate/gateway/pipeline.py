@@ -244,7 +244,7 @@ async def reserve_budget(
         ex.budget = "degraded"
         if budgets.degrade.max_tokens is not None:
             body["max_tokens"] = min(max_tokens, budgets.degrade.max_tokens)
-        if budgets.degrade.model is not None and budgets.degrade.model in rt.routes:
+        if budgets.degrade.model is not None:
             alias = budgets.degrade.model
     return reservation, alias
 

@@ -233,6 +233,9 @@ def admission_options_from(config: Config) -> AdmissionOptions:
         dequeue=a.dequeue,
         weights=a.weights,
         priority_at_admission=a.priority_at_admission,
+        conditional_priority=a.conditional_priority,
+        initial_service_time=a.initial_service_time_s,
+        drop_expired_at_dequeue=a.drop_expired_at_dequeue,
     )
 
 
