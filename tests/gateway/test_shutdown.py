@@ -79,3 +79,5 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
