@@ -115,5 +115,18 @@ class Metrics:
             registry=r,
         )
 
+        self.stream_rescues = Counter(
+            "tidegate_stream_rescues",
+            "Streams that broke after the first chunk, by what rescued them (or none).",
+            ["strategy"],
+            registry=r,
+        )
+        self.malformed_chunks = Counter(
+            "tidegate_malformed_chunks",
+            "Upstream stream chunks that could not be parsed and were skipped.",
+            ["provider"],
+            registry=r,
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

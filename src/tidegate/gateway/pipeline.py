@@ -35,7 +35,7 @@ from tidegate.errors import (
     http_error,
 )
 from tidegate.gateway.auth import Identity
-from tidegate.gateway.http import Send, send_bytes, start_stream
+from tidegate.gateway.http import Send, send_bytes
 from tidegate.gateway.runtime import Flight, Route, Runtime
 from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
 from tidegate.policy.deadline import Deadline
@@ -52,7 +52,7 @@ from tidegate.policy.routing import (
     plan_route,
     retry_same,
 )
-from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.base import StreamEnd, StreamItem
 from tidegate.state.base import ClaimOutcome, StoredResponse
 
 __all__ = ["Exchange", "chat_completions", "embeddings"]
@@ -378,9 +378,14 @@ async def open_stream(
     body: dict[str, Any],
     deadline: Deadline,
     plan: RoutePlan,
+    *,
+    only: ProviderSpec | None = None,
 ) -> OpenStream:
-    """Failover is transparent until the first chunk: try candidates until one starts talking."""
-    queue = list(plan.candidates)
+    """Failover is transparent until the first chunk: try candidates until one starts talking.
+
+    With ``only``, just that provider is tried (with its retries): a rescue picks its own order.
+    """
+    queue = [only] if only is not None else list(plan.candidates)
     last: ProviderError | None = None
     retry_on = functools.partial(retry_same, options=rt.failover)
     while queue:
@@ -448,7 +453,7 @@ async def open_stream(
             continue
         except ProviderError as error:
             last = error
-            queue = list(next_candidates(plan, spec, error))
+            queue = [] if only is not None else list(next_candidates(plan, spec, error))
             if queue:
                 rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
             continue
@@ -677,6 +682,7 @@ async def chat_completions(
         if isinstance(error, RateLimited):
             extra.update(getattr(error, "headers", {}))
         if started_stream and ex.first_token_s is not None:
+            # Headers are gone: the only honest signal left is an in-band error event.
             await send(
                 {
                     "type": "http.response.body",
@@ -790,89 +796,34 @@ async def _stream_answer(
     settle: Settlement,
     headers: Mapping[str, str],
 ) -> None:
+    from tidegate.gateway.streaming import StreamWriter, relay
+
     started = rt.clock.now()
     opened = await open_stream(rt, ex, route, body, deadline, plan)
-    served_model = rt.provider_configs[opened.spec.name].model
-    ex.served_by, ex.served_model = opened.spec.name, served_model
-    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    transcript: list[bytes] = []
-    text_chars = 0
-    finish_seen = False
-    usage: dict[str, Any] | None = None
-    malformed = 0
-
-    async def emit(chunk: dict[str, Any]) -> None:
-        nonlocal text_chars, finish_seen, usage
-        chunk["model"] = served_model
-        for choice in chunk.get("choices") or ():
-            text_chars += len((choice.get("delta") or {}).get("content") or "")
-            finish_seen = finish_seen or bool(choice.get("finish_reason"))
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-            if not want_usage and not chunk.get("choices"):
-                return
-            if not want_usage:
-                chunk = {k: v for k, v in chunk.items() if k != "usage"}
-        data = _sse(orjson.dumps(chunk))
-        transcript.append(data)
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-
-    await start_stream(send, ex.answer_headers())
+    ex.served_by = opened.spec.name
+    ex.served_model = rt.provider_configs[opened.spec.name].model
+    writer = StreamWriter(
+        send, want_usage=bool((body.get("stream_options") or {}).get("include_usage"))
+    )
+    await writer.start(ex.answer_headers())
     ex.first_token_s = rt.clock.now() - started
     rt.metrics.ttft.labels(ex.route, ex.served_by).observe(ex.first_token_s)
-    complete = False
-    broken: ProviderError | None = None
-    try:
-        for chunk in opened.first:
-            await emit(chunk)
-        async for item in opened.items:
-            if isinstance(item, dict):
-                await emit(item)
-            elif isinstance(item, MalformedChunk):
-                malformed += 1
-            elif isinstance(item, StreamEnd):
-                complete = finish_seen
-                break
-    except ProviderError as error:
-        _record_failure(rt, ex, opened.spec, error)
-        opened.permit.release() if error.kind in NOT_EVIDENCE else opened.permit.failure()
-        broken = error
-    except BaseException:
-        opened.permit.release()
-        await _close(opened.items)
-        raise
-    else:
-        if complete:
-            opened.permit.success()
-            ex.tried.append((opened.spec.name, None))
-        else:
-            opened.permit.failure()
-    rt.refresh_breaker_metrics()
-    ex.usage = _usage_of({"usage": usage} if usage else {}, body, text_chars)
-    ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
-    _account(rt, ex)
-    settle.served = True  # the caller received (and is billed for) what was streamed
-    if broken is None and complete:
-        done = _sse(b"[DONE]")
-        transcript.append(done)
-        await send({"type": "http.response.body", "body": done, "more_body": False})
+    settle.served = True  # from here the caller receives (and is billed for) what is streamed
+    await relay(
+        rt,
+        ex,
+        writer,
+        opened,
+        route=route,
+        body=body,
+        deadline=deadline,
+        plan=plan,
+        reset_allowed=headers.get("x-tidegate-stream-reset", "").lower() == "allow",
+    )
+    if writer.finished:
         settle.stored = StoredResponse(
-            200, b"".join(transcript), {"content-type": "text/event-stream; charset=utf-8"}
+            200, writer.transcript(), {"content-type": "text/event-stream; charset=utf-8"}
         )
-        return
-    # Committed and then broken: say so in-band, and never end with a success terminator.
-    failure = broken or ProviderError(
-        ProviderErrorKind.MALFORMED,
-        "the provider's stream ended before the answer was complete",
-        provider=opened.spec.name,
-    )
-    ex.outcome, ex.status = "stream_incomplete", 200
-    payload = error_body(failure)
-    payload["error"]["code"] = "stream_incomplete"
-    payload["error"]["message"] = f"the answer is incomplete: {failure.message}"
-    await send(
-        {"type": "http.response.body", "body": _sse(orjson.dumps(payload)), "more_body": False}
-    )
 
 
 async def embeddings(

@@ -241,6 +241,25 @@ def generate_tokens(model: ModelScript) -> list[str]:
     return [f"{' ' if i > 1 else ''}token{i}" for i in range(1, model.tokens + 1)]
 
 
+def _continue_after(tokens: list[str], prefix: str) -> list[str]:
+    """The tokens left after an assistant prefill, as a model continuing its own text would.
+
+    When the prefill is a prefix of the answer, only the rest is produced (the first remaining
+    token cut at the boundary if the prefill ends inside it); otherwise the whole answer.
+    """
+    text = "".join(tokens)
+    if not prefix or not text.startswith(prefix):
+        return tokens
+    rest: list[str] = []
+    position = 0
+    for token in tokens:
+        end = position + len(token)
+        if end > len(prefix):
+            rest.append(token[max(0, len(prefix) - position) :])
+        position = end
+    return rest
+
+
 def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]
@@ -444,6 +463,8 @@ class ScriptRunner:
                 ),
             )
         tokens = generate_tokens(model)
+        if prefill and isinstance(messages, list):
+            tokens = _continue_after(tokens, "".join(_texts(messages[-1].get("content"))))
         finish = "stop"
         if isinstance(max_tokens, int) and max_tokens < len(tokens):
             tokens, finish = tokens[:max_tokens], "length"

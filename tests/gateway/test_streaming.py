@@ -1,0 +1,146 @@
+"""Streams after the first chunk: rescue by continuation, splice or reset, or an honest end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.gateway.conftest import AppFactory
+from tests.gateway.harness import fake
+
+pytestmark = pytest.mark.asyncio
+
+WORDS = " ".join(f"w{i}" for i in range(1, 61))
+CHAT = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "tell me"}]}
+
+
+def events(raw: bytes) -> list[Any]:
+    """Decode an SSE body: dicts for JSON data, the string for [DONE], ("reset", data) for resets."""
+    out: list[Any] = []
+    for block in raw.decode().split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue
+        lines = block.split("\n")
+        data = lines[-1].removeprefix("data: ")
+        if lines[0] == "event: reset":
+            out.append(("reset", orjson.loads(data)))
+        elif data == "[DONE]":
+            out.append(data)
+        else:
+            out.append(orjson.loads(data))
+    return out
+
+
+def text_of(items: list[Any]) -> str:
+    return "".join(
+        (c["choices"][0]["delta"].get("content") or "")
+        for c in items
+        if isinstance(c, dict) and c.get("choices")
+    )
+
+
+def two_providers(
+    primary: dict[str, Any], fallback: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "providers": {"p": primary, "b": fallback},
+        "models": {"chat": {"providers": ["p", "b"]}},
+        "cache": {"enabled": False},
+        **extra,
+    }
+
+
+async def test_cut_stream_is_completed_by_continuation(gateway_client: AppFactory) -> None:
+    """A stream cut after 40 of 60 tokens is finished by a fallback that accepts the prefill."""
+    primary = fake(WORDS, model="m-p", faults=[{"kind": "cut_after", "tokens": 40}])
+    fallback = {**fake(WORDS, model="m-b"), "accepts_prefill": True}
+    async with gateway_client(two_providers(primary, fallback)) as (client, app):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        items = events(response.content)
+        assert text_of(items) == WORDS
+        assert items[-1] == "[DONE]"
+        assert b'"rescued_by":"continuation"' in response.content
+        fallback_body = app.runtime.providers["b"].attempts[0].body
+        assert fallback_body["messages"][-1]["role"] == "assistant"
+
+
+async def test_prefill_refusal_falls_back_to_splice(gateway_client: AppFactory) -> None:
+    """A fallback refusing the prefill restarts; its identical prefix is skipped; no error shows."""
+    primary = fake(WORDS, model="m-p", faults=[{"kind": "cut_after", "tokens": 40}])
+    fallback = {
+        **fake(WORDS, model="m-b", faults=[{"kind": "refuse_prefill"}]),
+        "accepts_prefill": True,
+    }
+    async with gateway_client(two_providers(primary, fallback)) as (client, _):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        items = events(response.content)
+        assert text_of(items) == WORDS
+        assert items[-1] == "[DONE]"
+        assert b"prefill" not in response.content
+        assert b'"rescued_by":"splice"' in response.content
+
+
+async def test_different_fallback_text_ends_with_an_explicit_error(
+    gateway_client: AppFactory,
+) -> None:
+    """When the fallback would say something else, the client gets an error event and no [DONE]."""
+    primary = fake(WORDS, model="m-p", faults=[{"kind": "cut_after", "tokens": 40}])
+    fallback = fake("something entirely different", model="m-b")
+    async with gateway_client(two_providers(primary, fallback)) as (client, _):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        items = events(response.content)
+        assert "[DONE]" not in items
+        assert items[-1]["error"]["code"] == "stream_incomplete"
+        assert items[-1]["error"]["retryable"] is True
+        assert text_of(items) == " ".join(WORDS.split()[:40])
+
+
+async def test_reset_opt_in_gets_the_whole_fallback_answer(gateway_client: AppFactory) -> None:
+    """With X-Tidegate-Stream-Reset: allow the client gets event: reset, then a whole answer."""
+    primary = fake(WORDS, model="m-p", faults=[{"kind": "cut_after", "tokens": 40}])
+    fallback = fake("a different whole answer", model="m-b")
+    async with gateway_client(two_providers(primary, fallback)) as (client, _):
+        response = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"X-Tidegate-Stream-Reset": "allow"}
+        )
+        items = events(response.content)
+        resets = [i for i, item in enumerate(items) if isinstance(item, tuple)]
+        assert len(resets) == 1
+        assert text_of(items[resets[0] :]) == "a different whole answer"
+        assert items[-1] == "[DONE]"
+
+
+async def test_malformed_chunk_is_skipped_and_the_answer_complete(
+    gateway_client: AppFactory,
+) -> None:
+    """A malformed tenth chunk is skipped and counted; the answer still arrives whole."""
+    config = {
+        "providers": {
+            "p": fake(WORDS, model="m-p", faults=[{"kind": "malformed_chunk", "chunk": 10}])
+        },
+        "models": {"chat": {"providers": ["p"]}},
+    }
+    async with gateway_client(config) as (client, _):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        items = events(response.content)
+        assert text_of(items) == WORDS
+        assert items[-1] == "[DONE]"
+        metrics = (await client.get("/metrics")).text
+        assert 'tidegate_malformed_chunks_total{provider="p"} 1.0' in metrics
+
+
+async def test_missing_done_is_finalised_with_usage(gateway_client: AppFactory) -> None:
+    """A complete stream without [DONE] is finished by the gateway, with usage when asked."""
+    config = {
+        "providers": {"p": fake(WORDS, model="m-p", faults=[{"kind": "missing_done"}])},
+        "models": {"chat": {"providers": ["p"]}},
+    }
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    async with gateway_client(config) as (client, _):
+        response = await client.post("/v1/chat/completions", json=body)
+        items = events(response.content)
+        assert text_of(items) == WORDS
+        assert items[-1] == "[DONE]"
+        assert items[-2]["usage"]["completion_tokens"] > 0
