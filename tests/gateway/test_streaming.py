@@ -144,3 +144,44 @@ async def test_missing_done_is_finalised_with_usage(gateway_client: AppFactory) 
         assert text_of(items) == WORDS
         assert items[-1] == "[DONE]"
         assert items[-2]["usage"]["completion_tokens"] > 0
+
+
+async def test_stall_ends_within_the_stall_limit(gateway_client: AppFactory) -> None:
+    """A stream that stalls after 20 tokens ends soon after the stall limit; the next one is fine."""
+    from tidegate.clock import SystemClock
+
+    primary = {
+        **fake(
+            WORDS, model="m-p", faults=[{"on_attempts": [1], "kind": "stall_after", "tokens": 20}]
+        ),
+        "stream": {"stall_timeout_s": 0.3},
+    }
+    config = {"providers": {"p": primary}, "models": {"chat": {"providers": ["p"]}}}
+    clock = SystemClock()
+    async with gateway_client(config) as (client, _):
+        started = clock.now()
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        elapsed = clock.now() - started
+        items = events(response.content)
+        assert items[-1]["error"]["code"] == "stream_incomplete"
+        assert elapsed < 0.3 + 1.0
+        again = events((await client.post("/v1/chat/completions", json=CHAT)).content)
+        assert text_of(again) == WORDS
+
+
+async def test_slow_first_token_fails_over_at_the_ttft_limit(gateway_client: AppFactory) -> None:
+    """A first token that would take 20 s is abandoned at the limit and the fallback answers."""
+    from tidegate.clock import SystemClock
+
+    primary = {**fake(WORDS, model="m-p", ttft=20.0), "stream": {"first_token_timeout_s": 0.3}}
+    config = two_providers(primary, fake("from the fallback", model="m-b"))
+    clock = SystemClock()
+    async with gateway_client(config) as (client, _):
+        started = clock.now()
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        elapsed = clock.now() - started
+        assert text_of(events(response.content)) == "from the fallback"
+        # Headers leave before the stream: they list what failed before it, and who serves it.
+        assert response.headers["x-tidegate-tried"] == "p=timeout"
+        assert response.headers["x-tidegate-served-by"] == "b"
+        assert elapsed < 2.0
