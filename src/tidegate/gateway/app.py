@@ -62,6 +62,9 @@ class Gateway:
     # ------------------------------------------------------------------ lifespan
 
     async def startup(self) -> None:
+        from tidegate.gateway.server import configure_logging
+
+        configure_logging(self.config)
         if self.runtime is None:
             self.runtime = await build_runtime(
                 self.config, self.config_path, git_sha=self.git_sha, **self._overrides

@@ -809,17 +809,27 @@ async def _stream_answer(
     ex.first_token_s = rt.clock.now() - started
     rt.metrics.ttft.labels(ex.route, ex.served_by).observe(ex.first_token_s)
     settle.served = True  # from here the caller receives (and is billed for) what is streamed
-    await relay(
-        rt,
-        ex,
-        writer,
-        opened,
-        route=route,
-        body=body,
-        deadline=deadline,
-        plan=plan,
-        reset_allowed=headers.get("x-tidegate-stream-reset", "").lower() == "allow",
-    )
+    try:
+        await relay(
+            rt,
+            ex,
+            writer,
+            opened,
+            route=route,
+            body=body,
+            deadline=deadline,
+            plan=plan,
+            reset_allowed=headers.get("x-tidegate-stream-reset", "").lower() == "allow",
+        )
+    finally:
+        # Also on a disconnect: the caller is billed for what was streamed to it.
+        ex.usage = _usage_of(
+            {"usage": writer.usage} if writer.usage else {}, body, len(writer.text)
+        )
+        ex.cost = price(
+            rt, ex.served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"]
+        )
+        _account(rt, ex)
     if writer.finished:
         settle.stored = StoredResponse(
             200, writer.transcript(), {"content-type": "text/event-stream; charset=utf-8"}

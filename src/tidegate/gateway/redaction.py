@@ -24,7 +24,7 @@ DEFAULT_REPLACEMENT: Final = "[redacted]"
 
 def _invisible() -> frozenset[str]:
     codes: set[int] = set()
-    codes.update(range(0x00, 0x20))  # C0
+    codes.update(range(0x20))  # C0
     codes.difference_update((0x09, 0x0A))  # tab and newline carry layout, not hidden meaning
     codes.add(0x7F)  # DEL
     codes.update(range(0x80, 0xA0))  # C1
