@@ -168,6 +168,8 @@ def test_every_config_key_is_documented() -> None:
         "admission",
         "idempotency",
         "cache",
+        "degraded",
+        "output",
         "logging",
         "providers.<name>.stream",
         "rate_limits.per_user",

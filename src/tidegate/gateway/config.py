@@ -30,8 +30,10 @@ __all__ = [
     "CacheConfig",
     "Config",
     "DegradeConfig",
+    "DegradedConfig",
     "IdempotencyConfig",
     "LoggingConfig",
+    "OutputConfig",
     "Price",
     "Profile",
     "ProviderConfig",
@@ -192,6 +194,20 @@ class CacheConfig(_Strict):
     stale_ttl_s: NonNegFloat = 86_400.0
 
 
+class DegradedConfig(_Strict):
+    corpus_dir: Path | None = None
+    limit: PositiveInt = 3
+    limit_per_doc: PositiveInt = 1
+    excerpt_chars: PositiveInt = 300
+    max_file_bytes: PositiveInt = 4_194_304
+    stale_cache: bool = True
+
+
+class OutputConfig(_Strict):
+    deny_patterns: tuple[str, ...] = ()
+    replacement: str = "[redacted]"
+
+
 class LoggingConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -212,6 +228,8 @@ class Config(_Strict):
     admission: AdmissionConfig = AdmissionConfig()
     idempotency: IdempotencyConfig = IdempotencyConfig()
     cache: CacheConfig = CacheConfig()
+    degraded: DegradedConfig = DegradedConfig()
+    output: OutputConfig = OutputConfig()
     logging: LoggingConfig = LoggingConfig()
     default_data_class: str = "internal"
 

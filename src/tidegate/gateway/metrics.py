@@ -128,5 +128,12 @@ class Metrics:
             registry=r,
         )
 
+        self.degraded = Counter(
+            "tidegate_degraded_answers",
+            "Answers given without a model, by source (stale_cache or corpus).",
+            ["source"],
+            registry=r,
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

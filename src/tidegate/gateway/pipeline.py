@@ -31,15 +31,16 @@ from tidegate.errors import (
     ProviderErrorKind,
     RateLimited,
     StoreError,
+    Unavailable,
     error_body,
     http_error,
 )
 from tidegate.gateway.auth import Identity
-from tidegate.gateway.http import Send, send_bytes
+from tidegate.gateway.http import Send, send_bytes, start_stream
 from tidegate.gateway.runtime import Flight, Route, Runtime
 from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
 from tidegate.policy.deadline import Deadline
-from tidegate.policy.flags import check_answering
+from tidegate.policy.flags import KillSwitchMode, check_answering
 from tidegate.policy.ratelimit import ratelimit_headers
 from tidegate.policy.retry import RetryBudgetDenied, RetryEvent, RetryScheduled, acall_with_deadline
 from tidegate.policy.routing import (
@@ -614,7 +615,7 @@ async def chat_completions(
         if alias not in rt.routes:
             raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
         rt.keys.authorize(identity, alias)
-        check_answering(rt.flags)
+        mode = check_answering(rt.flags)
         await apply_rate_limits(rt, identity)
         deadline = deadline_for(rt, headers)
         settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
@@ -659,17 +660,30 @@ async def chat_completions(
         settle.ticket = await rt.admission.enter(
             request_id=ex.request_id, klass=klass, tenant=identity.tenant, deadline=deadline
         )
-        plan = plan_for(rt, route, identity)
-        ex.skipped = plan.skipped
-        if not plan.candidates:
-            raise no_candidates(rt, plan, identity)
-
-        if stream:
-            started_stream = True
-            await _stream_answer(rt, ex, route, body, deadline, plan, send, settle, headers)
-            return
-
-        body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan, use_cache)
+        try:
+            if mode is KillSwitchMode.DEGRADED:
+                raise Unavailable(
+                    "models are switched off (answer.mode=degraded)",
+                    policy="flags",
+                    retry_after=30.0,
+                )
+            plan = plan_for(rt, route, identity)
+            ex.skipped = plan.skipped
+            if not plan.candidates:
+                raise no_candidates(rt, plan, identity)
+            if stream:
+                started_stream = True
+                await _stream_answer(rt, ex, route, body, deadline, plan, send, settle, headers)
+                return
+            body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan, use_cache)
+        except (ProviderError, CircuitOpen, Unavailable) as error:
+            # Degraded mode: only when no model can answer, retrying could, and nothing was sent.
+            retryable = error.retryable if isinstance(error, ProviderError) else True
+            if ex.first_token_s is not None or not retryable:
+                raise
+            if await answer_degraded(rt, ex, identity, alias, body, stream, send, settle, error):
+                return
+            raise
         await _answer_json(rt, ex, send, body_bytes, settle)
     except asyncio.CancelledError:
         ex.outcome, ex.status = "client_closed", 499
@@ -745,6 +759,10 @@ async def _single_flight(
         spec, answer = await call_route(rt, ex, route, body, deadline, plan)
         served_model = rt.provider_configs[spec.name].model
         answer["model"] = served_model
+        for choice in answer.get("choices") or ():
+            message = choice.get("message") or {}
+            if isinstance(message.get("content"), str):
+                message["content"] = rt.output_filter.clean(message["content"])
         ex.served_by, ex.served_model = spec.name, served_model
         ex.usage = _usage_of(answer, body, _text_chars(answer))
         answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
@@ -803,7 +821,9 @@ async def _stream_answer(
     ex.served_by = opened.spec.name
     ex.served_model = rt.provider_configs[opened.spec.name].model
     writer = StreamWriter(
-        send, want_usage=bool((body.get("stream_options") or {}).get("include_usage"))
+        send,
+        want_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        clean=rt.output_filter.clean,
     )
     await writer.start(ex.answer_headers())
     ex.first_token_s = rt.clock.now() - started
@@ -894,3 +914,111 @@ def new_request_id(headers: Mapping[str, str]) -> str:
     if 0 < len(given) <= 128 and given.isprintable():
         return given
     return secrets.token_hex(12)
+
+
+def completion_chunks(answer: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    """A stored ``chat.completion`` replayed as ``chat.completion.chunk`` dicts."""
+    base = {
+        "id": answer.get("id"),
+        "object": "chat.completion.chunk",
+        "created": answer.get("created"),
+        "model": answer.get("model"),
+    }
+    choice = (answer.get("choices") or [{}])[0]
+    content = (choice.get("message") or {}).get("content") or ""
+    finish = choice.get("finish_reason") or "stop"
+    chunks: list[dict[str, Any]] = [
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            ],
+        },
+        {**base, "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]},
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+            "tidegate": answer.get("tidegate"),
+        },
+    ]
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": answer.get("usage")})
+    return chunks
+
+
+async def answer_degraded(
+    rt: Runtime,
+    ex: Exchange,
+    identity: Identity,
+    alias: str,
+    body: dict[str, Any],
+    stream: bool,
+    send: Send,
+    settle: Settlement,
+    cause: Exception,
+) -> bool:
+    """Answer without a model: a stale cached answer, else cited excerpts; False if neither."""
+    from tidegate.gateway.degraded import degraded_answer, degraded_chunks, question_of
+
+    config = rt.config.degraded
+    answer: dict[str, Any] | None = None
+    source = ""
+    if config.stale_cache and rt.config.cache.enabled:
+        try:
+            entry = await rt.stores.cache.get(cache_key(identity, alias, body), allow_stale=True)
+        except StoreError:
+            rt.metrics.store_errors.labels("cache", "fail_open").inc()
+            entry = None
+        if entry is not None:
+            answer = orjson.loads(entry.value)
+            answer["tidegate"] = {
+                "degraded": True,
+                "source": "stale_cache",
+                "stored_at": entry.stored_at,
+            }
+            source = "stale_cache"
+    hits = []
+    question = question_of(body)
+    if answer is None and rt.corpus is not None:
+        hits = rt.corpus.search(question, limit_per_doc=config.limit_per_doc, limit=config.limit)
+        if hits:
+            source = "corpus"
+    if answer is None and not hits:
+        return False
+    rt.metrics.degraded.labels(source).inc()
+    log.warning("degraded_answer", request_id=ex.request_id, source=source, cause=str(cause))
+    ex.outcome, ex.status, ex.served_by = f"degraded_{source}", 200, "degraded"
+    ex.cache = "stale" if source == "stale_cache" else ""
+    settle.served = False  # nothing billable was produced: the reservation is refunded
+    settle.stored = None  # and an idempotent retry may still get a real answer
+    headers = [*ex.answer_headers(), ("x-tidegate-degraded", "true")]
+    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    ident, created = f"chatcmpl-{ex.request_id}", int(rt.clock.wall())
+    if not stream:
+        if answer is None:
+            answer = degraded_answer(
+                question,
+                hits,
+                model_alias=alias,
+                output_filter=rt.output_filter,
+                id=ident,
+                created=created,
+            )
+        await send_bytes(send, 200, orjson.dumps(answer), headers)
+        return True
+    if answer is None:
+        chunks = degraded_chunks(
+            question,
+            hits,
+            model_alias=alias,
+            output_filter=rt.output_filter,
+            id=ident,
+            created=created,
+            include_usage=want_usage,
+        )
+    else:
+        chunks = completion_chunks(answer, include_usage=want_usage)
+    await start_stream(send, headers)
+    payload = b"".join(_sse(orjson.dumps(chunk)) for chunk in chunks) + _sse(b"[DONE]")
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+    return True

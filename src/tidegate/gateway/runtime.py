@@ -20,7 +20,9 @@ from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, DeadlineExceeded, StoreError
 from tidegate.gateway.auth import Identity, KeyRing
 from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
+from tidegate.gateway.degraded import Corpus
 from tidegate.gateway.metrics import Metrics
+from tidegate.gateway.redaction import OutputFilter
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
 from tidegate.policy.breaker import BreakerOptions, BreakerState, CircuitBreaker
 from tidegate.policy.budget import BudgetOptions, Quota
@@ -174,6 +176,8 @@ class Runtime:
     tenant_bucket: BucketOptions | None
     budget: BudgetOptions | None
     prices: dict[str, Price]
+    output_filter: OutputFilter = field(default_factory=OutputFilter)
+    corpus: Corpus | None = None
     sleep: Callable[[float], Awaitable[None]] = SystemClock().asleep
     session: aiohttp.ClientSession | None = None
     flights: dict[str, asyncio.Future[Flight]] = field(default_factory=dict)
@@ -183,7 +187,12 @@ class Runtime:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def ready_problems(self) -> list[str]:
-        return [] if self.providers else ["no providers configured"]
+        problems = [] if self.providers else ["no providers configured"]
+        if self.config.degraded.corpus_dir is not None and (
+            self.corpus is None or not len(self.corpus)
+        ):
+            problems.append("the degraded-mode corpus is configured but empty")
+        return problems
 
     def refresh_breaker_metrics(self) -> None:
         for name, breaker in self.breakers.items():
@@ -374,6 +383,18 @@ async def build_runtime(
         for alias, route in config.models.items()
     }
     metrics = Metrics()
+    try:
+        output_filter = OutputFilter(config.output.deny_patterns, config.output.replacement)
+    except ValueError as exc:
+        raise ConfigError(f"output.deny_patterns: {exc}") from None
+    corpus = None
+    degraded = config.degraded
+    if degraded.corpus_dir is not None:
+        corpus = Corpus.build(
+            resolve(config_dir, degraded.corpus_dir),
+            excerpt_chars=degraded.excerpt_chars,
+            max_file_bytes=degraded.max_file_bytes,
+        )
     runtime = Runtime(
         config=config,
         config_path=config_dir,
@@ -401,6 +422,8 @@ async def build_runtime(
         tenant_bucket=_bucket(config.rate_limits.per_tenant),
         budget=budget_options_from(config),
         prices=dict(config.prices),
+        output_filter=output_filter,
+        corpus=corpus,
         sleep=sleep if sleep is not None else getattr(clock, "asleep", system.asleep),
         session=session,
         git_sha=git_sha,
@@ -422,6 +445,8 @@ async def refresh_flags(runtime: Runtime) -> None:
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    if runtime.corpus is not None:
+        runtime.corpus.close()
     for provider in runtime.providers.values():
         await provider.aclose()
     if runtime.session is not None:

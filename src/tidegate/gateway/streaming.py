@@ -21,7 +21,7 @@ named in the final chunk's ``tidegate`` field.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,7 @@ class StreamWriter:
 
     send: Send
     want_usage: bool
+    clean: Callable[[str], str] = str
     text: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -101,9 +102,12 @@ class StreamWriter:
             chunk["id"] = self.chunk_id
         if self.model is not None:
             chunk["model"] = self.model
-        if continuing:
-            for choice in chunk.get("choices") or ():
-                (choice.get("delta") or {}).pop("role", None)
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if continuing:
+                delta.pop("role", None)
+            if delta.get("content"):
+                delta["content"] = self.clean(delta["content"])
         self.text += _content(chunk)
         self.finish_reason = _finish(chunk) or self.finish_reason
         if chunk.get("usage"):
