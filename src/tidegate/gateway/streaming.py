@@ -108,8 +108,12 @@ class StreamWriter:
                 delta.pop("role", None)
             if delta.get("content"):
                 delta["content"] = self.clean(delta["content"])
-        self.text += _content(chunk)
-        self.finish_reason = _finish(chunk) or self.finish_reason
+        added = _content(chunk)
+        finish = _finish(chunk)
+        if continuing and not added and not finish and not chunk.get("usage"):
+            return  # a rescuer's opening role chunk: the client already has one
+        self.text += added
+        self.finish_reason = finish or self.finish_reason
         if chunk.get("usage"):
             self.usage = chunk["usage"]
             if not self.want_usage:
