@@ -247,7 +247,7 @@ class Gateway:
     async def readyz(self, rt: Runtime, scope: Scope, send: Send) -> None:
         problems = rt.ready_problems()
         try:
-            await rt.stores.ping()
+            await rt.stores.ping_durable()
             store = "ok"
         except StoreError as exc:
             store = f"unreachable: {exc.message}"

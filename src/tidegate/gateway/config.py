@@ -81,6 +81,7 @@ class AuthConfig(_Strict):
 
 class StateConfig(_Strict):
     url: str = "sqlite:///.tidegate/state.db"
+    fast_url: str | None = None
     timeout_s: PositiveFloat = 0.5
 
 

@@ -32,9 +32,9 @@ from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
 from tidegate.policy.routing import FailoverOptions, ProviderSpec
 from tidegate.providers.base import Provider
-from tidegate.state.base import BucketStore, CacheStore, FlagStore, IdempotencyStore, QuotaStore
+from tidegate.state.url import Stores, store_from_urls
 
-__all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "Stores", "build_provider"]
+__all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "build_provider"]
 
 #: What a single-flight leader hands its followers: body, served_by, served model, usage.
 Flight = tuple[bytes, str, str, dict[str, int]]
@@ -42,17 +42,6 @@ Flight = tuple[bytes, str, str, dict[str, int]]
 log = structlog.get_logger("tidegate")
 
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
-
-
-@dataclass
-class Stores:
-    buckets: BucketStore
-    quotas: QuotaStore
-    idempotency: IdempotencyStore
-    cache: CacheStore
-    flags: FlagStore
-    ping: Callable[[], Awaitable[None]]
-    close: Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -284,46 +273,6 @@ def check_config_against_policies(config: Config) -> None:
             raise ConfigError(f"{section}: {exc}") from None
 
 
-def local_stores(url: str, clock: Clock, timeout_s: float) -> Stores:
-    """The embedded stores: ``memory://`` or ``sqlite:///path``."""
-    if url.startswith("memory://"):
-        from tidegate.state import memory
-
-        async def nothing() -> None:
-            return None
-
-        return Stores(
-            memory.MemoryBucketStore(clock),
-            memory.MemoryQuotaStore(clock),
-            memory.MemoryIdempotencyStore(clock),
-            memory.MemoryCacheStore(clock),
-            memory.MemoryFlagStore(clock),
-            ping=nothing,
-            close=nothing,
-        )
-    if url.startswith("sqlite://"):
-        from tidegate.state import sqlite
-
-        db = sqlite.SQLiteDatabase.from_url(url, timeout_s=timeout_s)
-
-        async def ping() -> None:
-            db.ping()
-
-        async def close() -> None:
-            db.close()
-
-        return Stores(
-            sqlite.SQLiteBucketStore(db, clock),
-            sqlite.SQLiteQuotaStore(db, clock),
-            sqlite.SQLiteIdempotencyStore(db, clock),
-            sqlite.SQLiteCacheStore(db, clock),
-            sqlite.SQLiteFlagStore(db, clock),
-            ping=ping,
-            close=close,
-        )
-    raise ConfigError(f"state.url: unsupported store URL {url!r}")
-
-
 def _bucket(cfg: Any) -> BucketOptions | None:
     return None if cfg is None else BucketOptions(rate=cfg.rate_per_s, burst=cfg.burst)
 
@@ -352,7 +301,12 @@ async def build_runtime(
             resolve(config_dir, config.auth.keys_file), classes=config.admission.classes
         )
     if stores is None:
-        stores = local_stores(config.state.url, clock, config.state.timeout_s)
+        stores = await store_from_urls(
+            durable=config.state.url,
+            fast=config.state.fast_url,
+            clock=clock,
+            timeout_s=config.state.timeout_s,
+        )
     if providers is None:
         if session is None:
             session = aiohttp.ClientSession(
@@ -451,4 +405,4 @@ async def close_runtime(runtime: Runtime) -> None:
         await provider.aclose()
     if runtime.session is not None:
         await runtime.session.close()
-    await runtime.stores.close()
+    await runtime.stores.aclose()
