@@ -9,6 +9,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.gateway.harness import KEY, running_gateway
 from tests.gateway.upstream import CLOCK, RunningUpstream, openai_provider, running_upstream
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 WORDS = " ".join(f"w{i}" for i in range(1, 61))
 FIRST_40 = " ".join(WORDS.split()[:40])
-ASK = [{"role": "user", "content": "tell me"}]
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me"}]
 
 
 @contextmanager
@@ -44,8 +45,10 @@ def gateway(
                 client.close()
 
 
-def streamed_text(client: openai.OpenAI, **extra: Any) -> tuple[str, list[Any]]:
-    chunks = list(client.chat.completions.create(model="chat", messages=ASK, stream=True, **extra))  # type: ignore[call-overload]
+def streamed_text(client: openai.OpenAI, **extra: Any) -> tuple[str, list[ChatCompletionChunk]]:
+    chunks: list[ChatCompletionChunk] = list(
+        client.chat.completions.create(model="chat", messages=ASK, stream=True, **extra)
+    )
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
 
 
@@ -91,7 +94,9 @@ def test_different_fallback_text_is_an_explicit_error(tmp_path: Path) -> None:
     received: list[str] = []
 
     def consume(client: openai.OpenAI) -> None:
-        for chunk in client.chat.completions.create(model="chat", messages=ASK, stream=True):
+        stream = client.chat.completions.create(model="chat", messages=ASK, stream=True)
+        for chunk in stream:
+            assert isinstance(chunk, ChatCompletionChunk)
             if chunk.choices:
                 received.append(chunk.choices[0].delta.content or "")
 
