@@ -11,6 +11,7 @@ PACKAGES = [
     "tidegate.state",
     "tidegate.gateway",
     "tidegate.providers",
+    "tidegate.ops",
 ]
 
 

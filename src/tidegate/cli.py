@@ -54,6 +54,17 @@ def fake_upstream(
         raise typer.Exit(2) from None
 
 
+def _mount() -> None:
+    """Attach the sub-commands that live beside their code."""
+    from tidegate.ops.cli import check_app, eval_command
+
+    app.add_typer(check_app, name="check", help="Offline checks: environments, timeouts, rollback.")
+    app.command("eval")(eval_command)
+
+
+_mount()
+
+
 @app.command("hash-key")
 def hash_key_command(
     key: Annotated[str, typer.Argument(help="The API key to hash for a keys file.")],

@@ -163,17 +163,7 @@ class Gateway:
                 ex.status = await send_error(send, error, [("x-request-id", ex.request_id)])
                 ex.outcome = error.code
                 return
-            responded = False
-
-            async def tracked_send(message: MutableMapping[str, Any]) -> None:
-                nonlocal responded
-                await send(message)
-                if message["type"] == "http.response.body" and not message.get("more_body"):
-                    responded = True
-
-            await self._run_watching_disconnect(
-                handler(rt, ex, headers, body, tracked_send), receive, ex, lambda: responded
-            )
+            await self._run_watching_disconnect(rt, handler, ex, headers, body, receive, send)
         finally:
             rt.in_flight -= 1
             rt.metrics.in_flight.set(rt.in_flight)
@@ -204,40 +194,49 @@ class Gateway:
 
     @staticmethod
     async def _run_watching_disconnect(
-        work: Awaitable[None], receive: Receive, ex: Exchange, responded: Callable[[], bool]
+        rt: Runtime,
+        handler: Handler,
+        ex: Exchange,
+        headers: dict[str, str],
+        body: dict[str, Any],
+        receive: Receive,
+        send: Send,
     ) -> None:
-        """Run ``work``; if the client disconnects first, cancel it (its settle is shielded).
+        """Run the handler in this task; a client that goes away first cancels it.
 
-        A disconnect after the last byte was sent is the normal end of the exchange, not the
-        client going away: the work is left to finish its bookkeeping.
+        One watcher task waits for ``http.disconnect``. A disconnect after the last byte was sent,
+        or once the request is settling its bookkeeping, is the normal end of the exchange and
+        cancels nothing; the settlement itself is shielded when a cancellation does arrive.
         """
-        task = asyncio.ensure_future(work)
+        this = asyncio.current_task()
+        assert this is not None
+        responded = False
+        cancelled_here = False
+
+        async def tracked_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal responded
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                responded = True
 
         async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
+            nonlocal cancelled_here
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not responded and not ex.settling:
+                cancelled_here = True
+                ex.outcome, ex.status = "client_closed", 499
+                this.cancel()
 
-        watcher = asyncio.ensure_future(watch())
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await handler(rt, ex, headers, body, tracked_send)
         except asyncio.CancelledError:
-            task.cancel()
+            if not cancelled_here:
+                raise
+            this.uncancel()
+        finally:
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise
-        if not task.done() and not responded():
-            ex.outcome, ex.status = "client_closed", 499
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        else:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            await task
 
     # ------------------------------------------------------------------ GET routes
 

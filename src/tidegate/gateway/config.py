@@ -88,7 +88,7 @@ class StateConfig(_Strict):
 class StreamConfig(_Strict):
     first_token_timeout_s: PositiveFloat = 10.0
     stall_timeout_s: PositiveFloat = 10.0
-    max_duration_s: PositiveFloat = 300.0
+    max_duration_s: PositiveFloat = 55.0
 
 
 class ProviderConfig(_Strict):
@@ -115,7 +115,7 @@ class ProviderConfig(_Strict):
 
 class RouteConfig(_Strict):
     providers: Annotated[tuple[str, ...], Field(min_length=1)]
-    per_try_timeout_s: PositiveFloat = 30.0
+    per_try_timeout_s: PositiveFloat = 15.0
     description: str = ""
 
 

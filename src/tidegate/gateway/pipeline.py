@@ -93,6 +93,8 @@ class Exchange:
     usage: dict[str, int] = field(default_factory=dict)
     cost: float = 0.0
     first_token_s: float | None = None
+    #: Set once the request is settling: a disconnect from then on cancels nothing.
+    settling: bool = False
 
     def tried_header(self) -> str:
         return describe_attempts(self.tried, self.skipped)
@@ -560,6 +562,21 @@ class Settlement:
                 log.warning("idempotency_settle_failed", request_id=ex.request_id, error=str(exc))
 
 
+async def settle_shielded(settle: Settlement, ex: Exchange) -> None:
+    """Run the settlement so that no cancellation can cut it short.
+
+    Normally it runs inline (a task per request would cost more than the settlement); the
+    disconnect watcher leaves a settling request alone. When a cancellation is already under way
+    (a disconnect before the answer, or the drain deadline at shutdown) it runs shielded.
+    """
+    ex.settling = True
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        await asyncio.shield(settle.run())
+    else:
+        await settle.run()
+
+
 async def _claim_idempotency(
     rt: Runtime, ex: Exchange, key: str, fingerprint: str, deadline: Deadline
 ) -> tuple[str, StoredResponse | None]:
@@ -709,7 +726,7 @@ async def chat_completions(
                 send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
             )
     finally:
-        await asyncio.shield(settle.run())
+        await settle_shielded(settle, ex)
 
 
 async def _cache_get(rt: Runtime, key: str) -> bytes | None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import structlog
 import uvicorn
 
@@ -41,19 +42,22 @@ def git_sha() -> str:
 def configure_logging(config: Config) -> None:
     """One JSON object per line on stdout (or readable key=value lines when json_lines is off)."""
     level = getattr(logging, config.logging.level.upper())
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
-        if config.logging.json_lines
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    processors: list[structlog.typing.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    factory: structlog.typing.WrappedLogger
+    if config.logging.json_lines:
+        # orjson renders bytes straight to the stream: the log line is on every request's path.
+        processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
+        factory = structlog.BytesLoggerFactory(sys.stdout.buffer)
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        factory = structlog.PrintLoggerFactory(sys.stdout)
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=factory,
         cache_logger_on_first_use=True,
     )
 

@@ -8,7 +8,6 @@ file, and ``busy_timeout`` bounds how long one waits before the store reports a 
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -307,17 +306,18 @@ def _usage_from(blob: bytes) -> Usage:
 
 
 def _usage_blob(usage: Usage) -> bytes:
-    return orjson.dumps(dataclasses.asdict(usage))
+    return orjson.dumps(usage)  # orjson writes dataclasses natively (and ~8x faster than asdict)
 
 
 def _cost_blob(cost: Cost) -> bytes:
-    return orjson.dumps(dataclasses.asdict(cost))
+    return orjson.dumps(cost)
 
 
 class SQLiteQuotaStore:
     def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
         self._db = db
         self._clock = clock
+        self._swept_day = -1
 
     @staticmethod
     def _load(conn: sqlite3.Connection, subject: str, now: float) -> Usage:
@@ -339,8 +339,12 @@ class SQLiteQuotaStore:
         rid = secrets.token_hex(8)
 
         def work(conn: sqlite3.Connection) -> tuple[Reservation | None, BudgetDecision]:
-            # Reservations of past days can no longer change anything (settle() ignores them).
-            conn.execute("DELETE FROM reservations WHERE day < ?", (day_number(now),))
+            today = day_number(now)
+            if today != self._swept_day:
+                # Reservations of past days can no longer change anything (settle() ignores
+                # them); sweeping them once a day per process keeps the table small.
+                conn.execute("DELETE FROM reservations WHERE day < ?", (today,))
+                self._swept_day = today
             usage, reservation, decision = reserve(
                 self._load(conn, subject, now),
                 options,
