@@ -64,3 +64,63 @@ def test_unopenable_file_is_a_store_error(tmp_path: Path) -> None:
     (tmp_path / "dir.db").mkdir()
     with pytest.raises(StoreError):
         SQLiteDatabase(tmp_path / "dir.db")
+
+
+@pytest.mark.asyncio
+async def test_a_batch_is_one_transaction_that_keeps_refused_takes(tmp_path: Path) -> None:
+    """Calls inside batch() commit together, also when a policy refusal leaves the block."""
+    from tidegate.policy.ratelimit import BucketOptions
+    from tidegate.state.sqlite import SQLiteBucketStore
+
+    db = SQLiteDatabase(tmp_path / "s.db")
+    buckets = SQLiteBucketStore(db, ManualClock())
+    options = BucketOptions(rate=0.001, burst=1)
+    seen: list[bool] = []
+
+    async def refused_inside_a_batch() -> None:
+        with db.batch():
+            seen.append((await buckets.take("k", options)).allowed)
+            seen.append((await buckets.take("k", options)).allowed)
+            raise LookupError("a refusal leaving the batch")
+
+    with pytest.raises(LookupError):
+        await refused_inside_a_batch()
+    assert seen == [True, False]
+    assert not (await buckets.take("k", options)).allowed  # the first take was committed
+    db.close()
+
+
+def test_a_database_error_rolls_the_whole_batch_back(tmp_path: Path) -> None:
+    """A failing statement inside a batch undoes every write made in it."""
+    db = SQLiteDatabase(tmp_path / "s.db")
+
+    def write(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO buckets (key, tokens, updated) VALUES ('x', 1, 0)")
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("SELECT * FROM no_such_table")
+
+    def both() -> None:
+        with db.batch():
+            db.run(write)
+            db.run(broken)
+
+    with pytest.raises(StoreError):
+        both()
+    assert db.run(lambda conn: conn.execute("SELECT count(*) FROM buckets").fetchone()[0]) == 0
+    db.close()
+
+
+@pytest.mark.asyncio
+async def test_joining_a_batch_from_another_task_is_refused(tmp_path: Path) -> None:
+    """A batch must not yield: another task calling into it is a bug, reported loudly."""
+    import asyncio
+
+    db = SQLiteDatabase(tmp_path / "s.db")
+
+    async def intruder() -> None:
+        db.run(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    with db.batch(), pytest.raises(RuntimeError, match="another task"):
+        await asyncio.get_running_loop().create_task(intruder())
+    db.close()

@@ -530,6 +530,10 @@ class Settlement:
         self.served = False
 
     async def run(self) -> None:
+        with self.rt.stores.batch():  # one SQLite transaction for the whole settlement
+            await self._run()
+
+    async def _run(self) -> None:
         rt, ex = self.rt, self.ex
         if self.ticket is not None:
             rt.admission.exit(self.ticket, completed=self.served)
@@ -633,9 +637,10 @@ async def chat_completions(
             raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
         rt.keys.authorize(identity, alias)
         mode = check_answering(rt.flags)
-        await apply_rate_limits(rt, identity)
         deadline = deadline_for(rt, headers)
-        settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
+        with rt.stores.batch():  # one SQLite transaction for the entry decisions
+            await apply_rate_limits(rt, identity)
+            settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
         ex.route = alias
         route = rt.routes[alias]
         stream = bool(body.get("stream"))

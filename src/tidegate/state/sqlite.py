@@ -8,10 +8,11 @@ file, and ``busy_timeout`` bounds how long one waits before the store reports a 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +52,14 @@ __all__ = [
 
 T = TypeVar("T")
 
+
+def _current_task_id() -> int:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a synchronous caller
+        return 0
+    return id(task) if task is not None else 0
+
 #: Forward-only migrations; the index + 1 is the schema version it brings.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -78,6 +87,7 @@ class SQLiteDatabase:
 
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
+        self._batch_owner: int | None = None
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -124,12 +134,53 @@ class SQLiteDatabase:
         conn.execute("COMMIT")
 
     def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` in one transaction, turning driver errors into ``StoreError``."""
+        """Run ``work`` in one transaction (or in the open batch), wrapping driver errors."""
         try:
+            if self._batch_owner is not None:
+                self._check_batch_owner()
+                return work(self._conn)
             with self.transaction() as conn:
                 return work(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Run the store calls made inside as one transaction: one lock and one commit.
+
+        The pipeline decides a request's rate limits and budget reservation in one batch, and
+        settles in another. Every call inside must complete without yielding to the event loop
+        (SQLite calls never do); a call from another task meanwhile is a bug and raises. The
+        batch commits on the way out, also when a policy refused (its bucket take stands), and
+        rolls back only on a database error.
+        """
+        if self._batch_owner is not None:
+            yield  # already in a batch: join it
+            return
+        self._batch_owner = _current_task_id()
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._batch_owner = None
+            raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
+        try:
+            yield
+        except (sqlite3.Error, StoreError):
+            self._batch_owner = None
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        except BaseException:
+            self._batch_owner = None
+            conn.execute("COMMIT")
+            raise
+        self._batch_owner = None
+        conn.execute("COMMIT")
+
+    def _check_batch_owner(self) -> None:
+        if _current_task_id() != self._batch_owner:
+            raise RuntimeError("a SQLite batch was joined from another task: a batch must not yield")
 
     def ping(self) -> None:
         try:

@@ -20,6 +20,7 @@ Redis and Postgres decide time on their own server clock; ``store_clock=False`` 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -87,6 +88,7 @@ class _Backend:
     rollout: RolloutStore
     ping: Callable[[], Awaitable[None]] = _nothing
     close: Callable[[], Awaitable[None]] = _nothing
+    batch: Callable[[], AbstractContextManager[None]] = nullcontext
     redis: RedisDatabase | None = None
     postgres: PostgresDatabase | None = None
 
@@ -124,6 +126,7 @@ def _sqlite(url: str, clock: Clock, timeout_s: float) -> _Backend:
         rollout=SQLiteRolloutStore(db, clock),
         ping=ping,
         close=close,
+        batch=db.batch,
     )
 
 
@@ -221,6 +224,13 @@ class Stores:
         The fast backend is left out on purpose: a cache blip must not unready every replica.
         """
         await self._backends[0].ping()
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Group the fast store's next calls into one transaction where the backend can (SQLite).
+
+        Elsewhere it changes nothing: each call stays atomic on its own.
+        """
+        return self._backends[-1].batch()
 
     async def ping(self) -> None:
         """Raise ``StoreError`` unless every backend answers."""
