@@ -18,7 +18,10 @@
     │   ├── Unauthenticated         401  invalid_api_key        no key, or a key we do not know
     │   ├── Forbidden               403  forbidden              the key may not use this model or action
     │   ├── ModelNotFound           404  model_not_found        no route for the requested model
+    │   ├── NotFound                404  not_found              no such path, or no such admin object
     │   ├── IdempotencyConflict     409  idempotency_in_progress the same key is still running elsewhere
+    │   ├── AlreadyDecided          409  already_decided        a pending action was approved or rejected before
+    │   ├── ActionExpired           410  action_expired         a pending action expired undecided
     │   ├── PayloadTooLarge         413  payload_too_large      the body is over the configured limit
     │   ├── UnsupportedMediaType    415  unsupported_media_type the body is not JSON
     │   └── IdempotencyMismatch     422  idempotency_key_reused the same key came with another body
@@ -42,6 +45,8 @@ from typing import Final
 __all__ = [
     "ERROR_TABLE",
     "PROVIDER_ERROR_TABLE",
+    "ActionExpired",
+    "AlreadyDecided",
     "BudgetExceeded",
     "BulkheadFull",
     "CircuitOpen",
@@ -55,6 +60,7 @@ __all__ = [
     "IdempotencyMismatch",
     "InvalidRequest",
     "ModelNotFound",
+    "NotFound",
     "PayloadTooLarge",
     "ProviderError",
     "ProviderErrorKind",
@@ -248,6 +254,18 @@ class ModelNotFound(RequestError):
     code = "model_not_found"
 
 
+class NotFound(RequestError):
+    code = "not_found"
+
+
+class AlreadyDecided(RequestError):
+    code = "already_decided"
+
+
+class ActionExpired(RequestError):
+    code = "action_expired"
+
+
 class IdempotencyConflict(RequestError):
     code = "idempotency_in_progress"
 
@@ -325,6 +343,13 @@ ERROR_TABLE: Final[Mapping[str, ErrorSpec]] = {
     "invalid_api_key": ErrorSpec(401, T.AUTHENTICATION, False, "missing or unknown API key"),
     "forbidden": ErrorSpec(403, T.PERMISSION, False, "the key may not use this model or action"),
     "model_not_found": ErrorSpec(404, T.NOT_FOUND, False, "no route for the requested model"),
+    "not_found": ErrorSpec(404, T.NOT_FOUND, False, "no such path, or no such admin object"),
+    "already_decided": ErrorSpec(
+        409, T.CONFLICT, False, "the pending action was approved or rejected before"
+    ),
+    "action_expired": ErrorSpec(
+        410, T.INVALID_REQUEST, False, "the pending action expired undecided"
+    ),
     "idempotency_in_progress": ErrorSpec(
         409, T.CONFLICT, True, "a request with this Idempotency-Key is still running"
     ),

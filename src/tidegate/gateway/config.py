@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TIDEGATE_"
+#: TIDEGATE_* variables that are not config overrides: the config path for worker processes,
+#: and the git sha the image build bakes in (served at /version).
+NOT_OVERRIDES = frozenset({"TIDEGATE_CONFIG", "TIDEGATE_GIT_SHA"})
 SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "password", "secret", "token", "keys"})
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -296,7 +299,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> list[str]:
     for name, raw in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "TEST_"):
             continue
-        if name == ENV_PREFIX + "CONFIG":
+        if name in NOT_OVERRIDES:
             continue
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
         node = data
