@@ -60,6 +60,7 @@ def _current_task_id() -> int:
         return 0
     return id(task) if task is not None else 0
 
+
 #: Forward-only migrations; the index + 1 is the schema version it brings.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -180,7 +181,9 @@ class SQLiteDatabase:
 
     def _check_batch_owner(self) -> None:
         if _current_task_id() != self._batch_owner:
-            raise RuntimeError("a SQLite batch was joined from another task: a batch must not yield")
+            raise RuntimeError(
+                "a SQLite batch was joined from another task: a batch must not yield"
+            )
 
     def ping(self) -> None:
         try:
