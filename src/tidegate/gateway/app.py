@@ -12,6 +12,7 @@ import structlog
 
 from tidegate import __version__
 from tidegate.errors import InvalidRequest, ModelNotFound, StoreError, TidegateError
+from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.config import Config
 from tidegate.gateway.http import (
     ClientDisconnected,
@@ -114,7 +115,9 @@ class Gateway:
         assert rt is not None, "the gateway received a request before start-up finished"
         path: str = scope["path"]
         method: str = scope["method"]
-        if method == "POST" and path in POST_ROUTES:
+        if is_admin_path(path):
+            await handle_admin(rt, scope, receive, send)
+        elif method == "POST" and path in POST_ROUTES:
             await self._model_call(rt, POST_ROUTES[path], scope, receive, send)
         elif method == "GET" and path in GET_ROUTES:
             await GET_ROUTES[path](self, rt, scope, send)

@@ -31,6 +31,7 @@ __all__ = [
     "Config",
     "DegradeConfig",
     "DegradedConfig",
+    "FlagConfig",
     "IdempotencyConfig",
     "LoggingConfig",
     "OutputConfig",
@@ -80,6 +81,7 @@ class ServerConfig(_Strict):
 
 class AuthConfig(_Strict):
     keys_file: Path | None = None
+    admin_keys_file: Path | None = None
 
 
 class StateConfig(_Strict):
@@ -217,6 +219,14 @@ class LoggingConfig(_Strict):
     json_lines: bool = True
 
 
+class FlagConfig(_Strict):
+    name: str
+    type: Literal["bool", "int", "float", "str"]
+    default: bool | int | float | str
+    description: Annotated[str, Field(min_length=1)]
+    choices: tuple[str, ...] | None = None
+
+
 class Config(_Strict):
     profile: Profile = Profile.DEV
     server: ServerConfig = ServerConfig()
@@ -235,6 +245,7 @@ class Config(_Strict):
     degraded: DegradedConfig = DegradedConfig()
     output: OutputConfig = OutputConfig()
     logging: LoggingConfig = LoggingConfig()
+    flags: tuple[FlagConfig, ...] = ()
     default_data_class: str = "internal"
 
     @model_validator(mode="after")
@@ -314,7 +325,10 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> list[str]:
 
 
 def _check_secret_files(config: Config, base: Path) -> None:
-    files: list[tuple[str, Path | None]] = [("auth.keys_file", config.auth.keys_file)]
+    files: list[tuple[str, Path | None]] = [
+        ("auth.keys_file", config.auth.keys_file),
+        ("auth.admin_keys_file", config.auth.admin_keys_file),
+    ]
     files += [(f"providers.{n}.api_key_file", p.api_key_file) for n, p in config.providers.items()]
     for key, path in files:
         if path is None:

@@ -11,7 +11,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import structlog
@@ -21,13 +21,16 @@ from tidegate.errors import ConfigError, DeadlineExceeded, StoreError
 from tidegate.gateway.auth import Identity, KeyRing
 from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
 from tidegate.gateway.degraded import Corpus
+
+if TYPE_CHECKING:
+    from tidegate.gateway.admin import AdminKeys
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
 from tidegate.policy.breaker import BreakerOptions, BreakerState, CircuitBreaker
 from tidegate.policy.budget import BudgetOptions, Quota
 from tidegate.policy.deadline import Deadline
-from tidegate.policy.flags import FlagSet
+from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
 from tidegate.policy.routing import FailoverOptions, ProviderSpec
@@ -166,6 +169,7 @@ class Runtime:
     budget: BudgetOptions | None
     prices: dict[str, Price]
     output_filter: OutputFilter = field(default_factory=OutputFilter)
+    admin_keys: AdminKeys | None = None
     corpus: Corpus | None = None
     sleep: Callable[[float], Awaitable[None]] = SystemClock().asleep
     session: aiohttp.ClientSession | None = None
@@ -291,6 +295,11 @@ async def build_runtime(
 ) -> Runtime:
     """Construct one process's runtime. Tests may pass their own clock, stores and providers."""
     check_config_against_policies(config)
+    specs = flag_specs(config)  # validate everything that can fail before opening anything
+    try:
+        output_filter = OutputFilter(config.output.deny_patterns, config.output.replacement)
+    except ValueError as exc:
+        raise ConfigError(f"output.deny_patterns: {exc}") from None
     system = SystemClock()
     clock = clock or system
     rng = rng or random.Random()
@@ -337,10 +346,6 @@ async def build_runtime(
         for alias, route in config.models.items()
     }
     metrics = Metrics()
-    try:
-        output_filter = OutputFilter(config.output.deny_patterns, config.output.replacement)
-    except ValueError as exc:
-        raise ConfigError(f"output.deny_patterns: {exc}") from None
     corpus = None
     degraded = config.degraded
     if degraded.corpus_dir is not None:
@@ -371,7 +376,7 @@ async def build_runtime(
         admission=AdmissionGate(
             AdmissionController(admission_options_from(config), clock), metrics
         ),
-        flags=FlagSet((), clock),
+        flags=FlagSet(specs, clock),
         user_bucket=_bucket(config.rate_limits.per_user),
         tenant_bucket=_bucket(config.rate_limits.per_tenant),
         budget=budget_options_from(config),
@@ -382,9 +387,38 @@ async def build_runtime(
         session=session,
         git_sha=git_sha,
     )
+    if config.auth.admin_keys_file is not None:
+        from tidegate.gateway.admin import AdminKeys
+
+        runtime.admin_keys = AdminKeys.from_file(resolve(config_dir, config.auth.admin_keys_file))
     await refresh_flags(runtime)
     runtime.refresh_breaker_metrics()
     return runtime
+
+
+def flag_specs(config: Config) -> list[FlagSpec]:
+    """The flags this deployment defines (``answer.mode`` is built in)."""
+    types: dict[str, type[bool] | type[int] | type[float] | type[str]] = {
+        "bool": bool,
+        "int": int,
+        "float": float,
+        "str": str,
+    }
+    specs = []
+    for flag in config.flags:
+        try:
+            specs.append(
+                FlagSpec(
+                    flag.name,
+                    types[flag.type],
+                    flag.default,
+                    flag.description,
+                    choices=None if flag.choices is None else frozenset(flag.choices),
+                )
+            )
+        except ValueError as exc:
+            raise ConfigError(f"flags.{flag.name}: {exc}") from None
+    return specs
 
 
 async def refresh_flags(runtime: Runtime) -> None:
