@@ -12,6 +12,7 @@ PACKAGES = [
     "tidegate.gateway",
     "tidegate.providers",
     "tidegate.ops",
+    "tidegate.lab",
 ]
 
 

@@ -56,10 +56,14 @@ def fake_upstream(
 
 def _mount() -> None:
     """Attach the sub-commands that live beside their code."""
+    from tidegate.lab.cli import lab_app
     from tidegate.ops.cli import check_app, eval_command
     from tidegate.ops.loadtest import loadtest_command
 
     app.add_typer(check_app, name="check", help="Offline checks: environments, timeouts, rollback.")
+    app.add_typer(
+        lab_app, name="lab", help="Virtual-time simulations that drive the real policies."
+    )
     app.command("eval")(eval_command)
     app.command("loadtest")(loadtest_command)
 

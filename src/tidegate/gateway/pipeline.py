@@ -13,7 +13,7 @@ import asyncio
 import functools
 import hashlib
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -764,47 +764,40 @@ async def _single_flight(
     plan: RoutePlan,
     cacheable: bool,
 ) -> bytes:
-    """Identical in-flight requests share one upstream call; the leader fills the cache."""
+    """Identical in-flight requests share one upstream call; the leader fills the cache.
+
+    In this process followers await the leader's future; across replicas (a Redis store) the
+    leader holds a lease in Redis and the others read its result from there.
+    """
     flights = rt.flights
     if cacheable and key in flights:
         rt.metrics.single_flight.inc()
         async with asyncio.timeout(deadline.remaining()):
-            payload, served_by, served_model, usage = await asyncio.shield(flights[key])
-        ex.cache, ex.served_by, ex.served_model, ex.usage = "shared", served_by, served_model, usage
-        ex.cost = 0.0  # the leader paid for it
-        return payload
+            flight = await asyncio.shield(flights[key])
+        _follow(ex, flight)
+        return flight[0]
     future: asyncio.Future[Flight] | None = None
     if cacheable:
         future = asyncio.get_running_loop().create_future()
         flights[key] = future
     try:
-        spec, answer = await call_route(rt, ex, route, body, deadline, plan)
-        served_model = rt.provider_configs[spec.name].model
-        answer["model"] = served_model
-        for choice in answer.get("choices") or ():
-            message = choice.get("message") or {}
-            if isinstance(message.get("content"), str):
-                message["content"] = rt.output_filter.clean(message["content"])
-        ex.served_by, ex.served_model = spec.name, served_model
-        ex.usage = _usage_of(answer, body, _text_chars(answer))
-        answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
-        ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
-        _account(rt, ex)
-        payload = orjson.dumps(answer)
-        primary = spec.name == route.specs[0].name
-        if cacheable and primary:
-            try:
-                await rt.stores.cache.put(
-                    key,
-                    payload,
-                    ttl_s=rt.config.cache.ttl_s,
-                    stale_ttl_s=rt.config.cache.stale_ttl_s,
-                )
-            except StoreError:
-                rt.metrics.store_errors.labels("cache", "fail_open").inc()
+        led = False
+
+        async def lead() -> Flight:
+            nonlocal led
+            led = True
+            return await _lead(rt, ex, key, route, body, deadline, plan, cacheable)
+
+        if cacheable and rt.fleet_flight is not None:
+            flight = await _fleet_flight(rt, key, lead, deadline)
+        else:
+            flight = await lead()
+        if not led:
+            rt.metrics.single_flight.inc()
+            _follow(ex, flight)
         if future is not None:
-            future.set_result((payload, ex.served_by, ex.served_model, ex.usage))
-        return payload
+            future.set_result(flight)
+        return flight[0]
     except BaseException as error:
         if future is not None and not future.done():
             future.set_exception(
@@ -815,6 +808,66 @@ async def _single_flight(
     finally:
         if future is not None:
             flights.pop(key, None)
+
+
+def _follow(ex: Exchange, flight: Flight) -> None:
+    _, ex.served_by, ex.served_model, ex.usage = flight
+    ex.cache = "shared"
+    ex.cost = 0.0  # the leader paid for it
+
+
+async def _fleet_flight(
+    rt: Runtime, key: str, lead: Callable[[], Awaitable[Flight]], deadline: Deadline
+) -> Flight:
+    """The cross-replica flight: the result travels through Redis as one small envelope."""
+    assert rt.fleet_flight is not None
+
+    async def call() -> bytes:
+        payload, served_by, served_model, usage = await lead()
+        return orjson.dumps(
+            {"body": payload.decode(), "by": served_by, "model": served_model, "usage": usage}
+        )
+
+    try:
+        envelope = orjson.loads(await rt.fleet_flight.run(key, call, wait_s=deadline.remaining()))
+    except StoreError:
+        rt.metrics.store_errors.labels("single_flight", "fail_open").inc()
+        return await lead()
+    return envelope["body"].encode(), envelope["by"], envelope["model"], envelope["usage"]
+
+
+async def _lead(
+    rt: Runtime,
+    ex: Exchange,
+    key: str,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+    cacheable: bool,
+) -> Flight:
+    """The upstream call itself, its accounting, and (for the primary's answers) the cache."""
+    spec, answer = await call_route(rt, ex, route, body, deadline, plan)
+    served_model = rt.provider_configs[spec.name].model
+    answer["model"] = served_model
+    for choice in answer.get("choices") or ():
+        message = choice.get("message") or {}
+        if isinstance(message.get("content"), str):
+            message["content"] = rt.output_filter.clean(message["content"])
+    ex.served_by, ex.served_model = spec.name, served_model
+    ex.usage = _usage_of(answer, body, _text_chars(answer))
+    answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
+    ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
+    _account(rt, ex)
+    payload = orjson.dumps(answer)
+    if cacheable and spec.name == route.specs[0].name:
+        try:
+            await rt.stores.cache.put(
+                key, payload, ttl_s=rt.config.cache.ttl_s, stale_ttl_s=rt.config.cache.stale_ttl_s
+            )
+        except StoreError:
+            rt.metrics.store_errors.labels("cache", "fail_open").inc()
+    return payload, ex.served_by, ex.served_model, ex.usage
 
 
 def _account(rt: Runtime, ex: Exchange) -> None:

@@ -24,6 +24,7 @@ from tidegate.gateway.degraded import Corpus
 
 if TYPE_CHECKING:
     from tidegate.gateway.admin import AdminKeys
+    from tidegate.state.redis import RedisSingleFlight
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
@@ -170,6 +171,7 @@ class Runtime:
     prices: dict[str, Price]
     output_filter: OutputFilter = field(default_factory=OutputFilter)
     admin_keys: AdminKeys | None = None
+    fleet_flight: RedisSingleFlight | None = None
     corpus: Corpus | None = None
     sleep: Callable[[float], Awaitable[None]] = SystemClock().asleep
     session: aiohttp.ClientSession | None = None
@@ -387,6 +389,15 @@ async def build_runtime(
         session=session,
         git_sha=git_sha,
     )
+    if stores.redis is not None:
+        from tidegate.state.redis import RedisSingleFlight
+
+        # Identical requests on different replicas share one upstream call, through Redis.
+        runtime.fleet_flight = RedisSingleFlight(
+            stores.redis,
+            lease_s=config.server.request_timeout_s + 5.0,
+            wait_s=config.server.request_timeout_s,
+        )
     if config.auth.admin_keys_file is not None:
         from tidegate.gateway.admin import AdminKeys
 

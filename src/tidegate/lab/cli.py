@@ -1,0 +1,833 @@
+"""``tidegate lab``: the lab's scenarios on the command line.
+
+Every sub-command prints a table, takes ``--json`` to print plain data instead, and ``--plot
+FILE.png`` where a picture helps. Sweeps show a progress bar on standard error. Every run is in
+virtual time with a seed, so the same command prints the same output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from tidegate.lab import capacity as capacity_module
+from tidegate.lab import gameday as gameday_module
+from tidegate.lab import load as load_module
+from tidegate.lab import replay as replay_module
+from tidegate.lab import scaling as scaling_module
+from tidegate.lab import storm as storm_module
+from tidegate.lab import surge as surge_module
+from tidegate.lab.engine import Fleet
+from tidegate.lab.workload import Deterministic, Exponential, load_trace, parse_distribution
+from tidegate.policy.admission import AdmissionOptions
+
+__all__ = ["lab_app"]
+
+lab_app = typer.Typer(
+    name="lab",
+    help="Run tidegate's policies against simulated traffic in virtual time.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+PlotOption = Annotated[
+    Path | None, typer.Option("--plot", help="Write a PNG plot to this file.", dir_okay=False)
+]
+SeedOption = Annotated[int, typer.Option(help="Seed: the same seed prints the same output.")]
+
+
+def _console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 140  # piped or captured: do not squeeze tables into 80 columns
+    return console
+
+
+def _emit_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False, allow_nan=False))
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return f"{value:.{digits}f}"
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "" or cell == "-" or cell[:1].isdigit() or cell[:2].lstrip("+-.")[:1].isdigit()
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    # The title is a caption above the table, not wrapped to the table's width.
+    table = Table(title=title, title_justify="left", title_style="bold", min_width=len(title))
+    for index, column in enumerate(columns):
+        numbers = index > 0 and all(_numeric(row[index]) for row in rows)
+        table.add_column(column, justify="right" if numbers else "left")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+@contextmanager
+def _progress(total: int, label: str, enabled: bool) -> Iterator[Callable[[], None]]:
+    """A progress bar on standard error; yields the function that advances it."""
+    if not enabled or total <= 1:
+        yield lambda: None
+        return
+    progress = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task(label, total=total)
+        yield lambda: progress.advance(task)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"tidegate lab: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _distribution(text: str, option: str) -> Any:
+    try:
+        return parse_distribution(text)
+    except ValueError as exc:
+        raise _fail(f"{option}: {exc}") from None
+
+
+def _wrote(path: Path | None) -> None:
+    if path is not None:
+        typer.echo(f"plot written to {path}", err=True)
+
+
+# --------------------------------------------------------------------------- capacity
+
+
+@lab_app.command()
+def capacity(
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(help="A fleet shape WORKERSxSLOTS; repeat for several.", show_default=False),
+    ] = None,
+    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
+    io: Annotated[float, typer.Option(help="Seconds waiting for the model per request.")] = 0.8,
+    cores: Annotated[int, typer.Option(help="Cores per worker.")] = 1,
+    check: Annotated[bool, typer.Option(help="Also simulate each shape saturated.")] = False,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """The ceiling of each fleet shape: the smaller of slots / (cpu + io) and cores / cpu."""
+    shapes = []
+    for text in shape or ["1x8", "1x64", "4x64"]:
+        workers, _, slots = text.lower().partition("x")
+        try:
+            shapes.append((int(workers), int(slots)))
+        except ValueError:
+            raise _fail(f"--shape {text!r}: use WORKERSxSLOTS, for example 4x64") from None
+    try:
+        rows = capacity_module.capacity_table(
+            shapes, cpu=cpu, io=io, cores=cores, check=check, seed=seed
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if plot is not None:
+        from tidegate.lab.plot import plot_capacity
+
+        plot_capacity(rows, plot)
+    if json_output:
+        _emit_json({"cpu": cpu, "io": io, "cores": cores, "shapes": [r.as_dict() for r in rows]})
+        return
+    columns = ["fleet", "slot limit", "core limit", "ceiling req/s", "binds"]
+    if check:
+        columns.append("simulated")
+    table_rows = []
+    for r in rows:
+        row = [
+            f"{r.workers} worker{'s' if r.workers > 1 else ''} x {r.slots} slots",
+            _fmt(r.slot_limit, 1),
+            _fmt(r.core_limit, 1),
+            _fmt(r.ceiling, 1),
+            r.binding,
+        ]
+        if check:
+            row.append(_fmt(r.simulated, 1))
+        table_rows.append(row)
+    _console().print(
+        _table(
+            f"Ceiling at cpu {cpu:g} s, io {io:g} s, {cores} core(s) per worker",
+            columns,
+            table_rows,
+        )
+    )
+    _wrote(plot)
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _fleet(*, workers: int, slots: int, waiting: int, cpu: float, io: str) -> Fleet:
+    return Fleet(
+        admission=AdmissionOptions(
+            classes=("standard",),
+            slots=slots,
+            queue_cap=None if waiting < 0 else waiting,
+            mode="queue_cap",
+            dequeue="fifo",
+            drop_expired_at_dequeue=False,
+        ),
+        cpu=Deterministic(value=cpu) if cpu > 0 else None,
+        io=_distribution(io, "--io"),
+        workers=workers,
+    )
+
+
+@lab_app.command()
+def load(
+    rate: Annotated[
+        list[float] | None, typer.Option(help="Offered rate (req/s); repeat for a sweep.")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    slots: Annotated[int, typer.Option(help="In-flight slots per worker.")] = 8,
+    waiting: Annotated[int, typer.Option(help="Waiting places per worker; -1 is unbounded.")] = 8,
+    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
+    io: Annotated[
+        str, typer.Option(help="Model-call time: exp:MEAN, det:S, lognormal:MEAN,SCV.")
+    ] = "exp:0.8",
+    horizon: Annotated[float, typer.Option(help="Seconds simulated per rate.")] = 600.0,
+    warmup: Annotated[float, typer.Option(help="Seconds discarded at the start.")] = 60.0,
+    theory: Annotated[
+        bool, typer.Option(help="Show M/M/c/K theory beside (needs --cpu 0 and exp io).")
+    ] = False,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """A sweep of offered rates: shed %, p95, throughput, utilisation, L and lambda x W."""
+    rates = rate or [4.0, 8.0, 10.0, 14.0]
+    try:
+        fleet = _fleet(workers=workers, slots=slots, waiting=waiting, cpu=cpu, io=io)
+        with _progress(len(rates), "load sweep", not json_output) as tick:
+            points = load_module.load_sweep(
+                rates,
+                fleet,
+                horizon=horizon,
+                warmup=warmup,
+                seed=seed,
+                with_theory=theory,
+                progress=tick,
+            )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if plot is not None:
+        from tidegate.lab.plot import plot_load
+
+        plot_load(points, plot)
+    if json_output:
+        _emit_json(
+            {
+                "fleet": {
+                    "workers": workers,
+                    "slots": slots,
+                    "waiting": waiting,
+                    "cpu": cpu,
+                    "io": io,
+                },
+                "ceiling": fleet.ceiling,
+                "points": [p.as_dict() for p in points],
+            }
+        )
+        return
+    columns = ["rate", "shed %", "p95 s", "done/s", "slots used", "L", "lambda*W"]
+    if theory:
+        columns += ["shed % (M/M/c/K)", "L (M/M/c/K)"]
+    rows = []
+    for p in points:
+        r = p.report
+        row = [
+            _fmt(p.rate, 1),
+            _fmt(100 * p.shed_share, 1),
+            _fmt(r.total.latency.p95),
+            _fmt(r.throughput),
+            _fmt(r.utilisation),
+            _fmt(r.in_system_mean),
+            _fmt(r.littles_product),
+        ]
+        if theory:
+            row += (
+                [_fmt(100 * p.theory.shed_share, 1), _fmt(p.theory.in_system)]
+                if p.theory is not None
+                else ["n/a", "n/a"]
+            )
+        rows.append(row)
+    title = (
+        f"{workers} worker(s) x {slots} slots, {waiting if waiting >= 0 else 'unbounded'} waiting, "
+        f"cpu {cpu:g} s, io {io}: ceiling {fleet.ceiling:.1f} req/s"
+    )
+    _console().print(_table(title, columns, rows))
+    _wrote(plot)
+
+
+@lab_app.command()
+def backpressure(
+    rate: Annotated[float, typer.Option(help="Offered rate (req/s), above the ceiling.")] = 14.0,
+    slots: Annotated[int, typer.Option(help="In-flight slots.")] = 8,
+    waiting: Annotated[int, typer.Option(help="Places in the bounded waiting room.")] = 8,
+    deadline: Annotated[
+        float, typer.Option(help="Seconds each caller waits for its answer.")
+    ] = 3.0,
+    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
+    io: Annotated[str, typer.Option(help="Model-call time distribution.")] = "exp:0.8",
+    horizon: Annotated[float, typer.Option(help="Seconds simulated.")] = 120.0,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """The same overload against no waiting room, a bounded one, and an unbounded queue."""
+    try:
+        reports = load_module.backpressure(
+            rate,
+            slots=slots,
+            waiting_room=waiting,
+            deadline=deadline,
+            io=_distribution(io, "--io"),
+            cpu=Deterministic(value=cpu) if cpu > 0 else None,
+            horizon=horizon,
+            seed=seed,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if plot is not None:
+        from tidegate.lab.plot import plot_backpressure
+
+        plot_backpressure(reports, plot)
+    if json_output:
+        _emit_json({name: report.as_dict() for name, report in reports.items()})
+        return
+    rows = [
+        [
+            name,
+            str(r.total.shed_total),
+            str(r.total.expired),
+            str(r.total.late),
+            str(r.total.on_time),
+            str(r.total.in_system),
+            _fmt(r.total.latency.p95),
+        ]
+        for name, r in reports.items()
+    ]
+    _console().print(
+        _table(
+            f"{rate:g} req/s for {horizon:g} s against {slots} slots, deadline {deadline:g} s",
+            ["shape", "shed", "expired", "late", "on time", "still inside", "p95 s"],
+            rows,
+        )
+    )
+    _wrote(plot)
+
+
+# --------------------------------------------------------------------------- storm
+
+
+@lab_app.command()
+def storm(
+    rate: Annotated[float, typer.Option(help="New requests per second.")] = 12.0,
+    capacity: Annotated[int, typer.Option(help="Calls per second the provider accepts.")] = 20,
+    outage_start: Annotated[float, typer.Option(help="Second the outage begins.")] = 30.0,
+    outage_length: Annotated[float, typer.Option(help="Seconds the outage lasts.")] = 30.0,
+    duration: Annotated[float, typer.Option(help="Seconds of new requests.")] = 120.0,
+    deadline: Annotated[float, typer.Option(help="Seconds each caller waits.")] = 10.0,
+    attempts: Annotated[int, typer.Option(help="Tries per request, the first included.")] = 4,
+    budget_ratio: Annotated[float, typer.Option(help="Retry budget: share of first tries.")] = 0.1,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """A provider outage under naive retries, backoff with jitter, a retry budget, a breaker."""
+    try:
+        options = storm_module.StormOptions(
+            rate=rate,
+            capacity=capacity,
+            outage_start=outage_start,
+            outage_length=outage_length,
+            duration=duration,
+            deadline=deadline,
+            attempts=attempts,
+            budget_ratio=budget_ratio,
+        )
+        with _progress(len(storm_module.STRATEGIES), "strategies", not json_output) as tick:
+            results = storm_module.run_storms(options, seed=seed, progress=tick)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if plot is not None:
+        from tidegate.lab.plot import plot_storm
+
+        plot_storm(results, capacity, plot)
+    if json_output:
+        _emit_json([r.as_dict() for r in results])
+        return
+    labels = {
+        "naive": "retry at once",
+        "backoff": "backoff + full jitter",
+        "budget": "+ 10% retry budget" if budget_ratio == 0.1 else f"+ {budget_ratio:.0%} budget",
+        "breaker": "+ budget + breaker",
+    }
+    rows = [
+        [
+            labels[r.strategy],
+            str(r.calls),
+            str(r.peak),
+            str(r.served),
+            str(r.gave_up),
+            str(r.seconds_over_capacity),
+            str(r.short_circuited),
+        ]
+        for r in results
+    ]
+    _console().print(
+        _table(
+            f"{rate:g} new req/s, provider capacity {capacity}/s, outage {outage_start:g}-"
+            f"{outage_start + outage_length:g} s",
+            [
+                "strategy",
+                "calls",
+                "peak/s",
+                "served",
+                "gave up",
+                "s over capacity",
+                "short-circuited",
+            ],
+            rows,
+        )
+    )
+    _wrote(plot)
+
+
+# --------------------------------------------------------------------------- surge
+
+
+@lab_app.command()
+def surge(
+    multiplier: Annotated[
+        list[float] | None, typer.Option(help="Arrival rate over capacity; repeat to sweep.")
+    ] = None,
+    critical_share: Annotated[
+        list[float] | None, typer.Option(help="Share of critical requests; repeat to sweep.")
+    ] = None,
+    slots: Annotated[int, typer.Option(help="In-flight slots of the fleet.")] = 8,
+    service: Annotated[str, typer.Option(help="Service time distribution.")] = "exp:1",
+    deadline: Annotated[float, typer.Option(help="Seconds an answer stays useful.")] = 10.0,
+    duration: Annotated[float, typer.Option(help="Seconds until capacity arrives.")] = 300.0,
+    queue_cap: Annotated[
+        int | None, typer.Option(help="bounded_queue's cap per class (default: one deadline).")
+    ] = None,
+    threshold: Annotated[float, typer.Option(help="conditional_priority's load factor.")] = 2.0,
+    dequeue_margin: Annotated[
+        float | None,
+        typer.Option(
+            help="deadline_at_dequeue: drop this early (default: mean service; 0: only late)."
+        ),
+    ] = None,
+    rung: Annotated[list[str] | None, typer.Option(help="Only these rungs; repeatable.")] = None,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """The overload ladder: served, goodput, critical share, shed, backlog, time to rejection."""
+    multipliers = multiplier or [10.0]
+    shares = critical_share or [0.05]
+    rungs = tuple(rung) if rung else surge_module.RUNGS
+    try:
+        options = surge_module.SurgeOptions(
+            slots=slots,
+            service=_distribution(service, "--service"),
+            deadline=deadline,
+            duration=duration,
+            queue_cap=queue_cap,
+            conditional_threshold=threshold,
+            dequeue_margin=dequeue_margin,
+            multiplier=multipliers[0],
+            critical_share=shares[0],
+        )
+        with _progress(len(multipliers) * len(shares), "surge sweep", not json_output) as tick:
+            results = surge_module.sweep(
+                options,
+                multipliers=multipliers,
+                critical_shares=shares,
+                seed=seed,
+                rungs=rungs,
+                progress=tick,
+            )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if plot is not None:
+        from tidegate.lab.plot import plot_surge
+
+        plot_surge(next(iter(results.values())), plot)
+    if json_output:
+        _emit_json(
+            {
+                "capacity": options.capacity,
+                "deadline": deadline,
+                "duration": duration,
+                "points": [
+                    {"multiplier": m, "critical_share": s, "rungs": [r.as_dict() for r in rs]}
+                    for (m, s), rs in results.items()
+                ],
+            }
+        )
+        return
+    console = _console()
+    for (m, s), rs in results.items():
+        rows = [
+            [
+                r.rung,
+                str(r.served),
+                str(r.goodput),
+                _fmt(r.critical_goodput_share),
+                str(r.shed),
+                str(r.expired),
+                str(r.backlog),
+                _fmt(r.rejection_time_mean, 1),
+            ]
+            for r in rs
+        ]
+        console.print(
+            _table(
+                f"{m:g}x capacity ({options.capacity:g} req/s), critical share {s:g}, "
+                f"deadline {deadline:g} s, {duration:g} s until capacity arrives",
+                [
+                    "rung",
+                    "served",
+                    "goodput",
+                    "critical share",
+                    "shed",
+                    "expired",
+                    "backlog",
+                    "time to no s",
+                ],
+                rows,
+            )
+        )
+    _wrote(plot)
+
+
+# --------------------------------------------------------------------------- gameday
+
+
+@lab_app.command()
+def gameday(
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="Release scenario (JSON); default: the built-in one.", dir_okay=False),
+    ] = None,
+    steps: Annotated[bool, typer.Option(help="Print each gated step with its reasons.")] = True,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """A release with a defect that grows with traffic, under rolling, canary and blue-green."""
+    try:
+        loaded = gameday_module.load_scenario(scenario)
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    results = gameday_module.run_gameday(loaded, seed=seed)
+    if plot is not None:
+        from tidegate.lab.plot import plot_gameday
+
+        plot_gameday(results, plot)
+    if json_output:
+        _emit_json([r.as_dict() for r in results])
+        return
+    rows = [
+        [
+            r.strategy,
+            "on" if r.gated else "off",
+            r.outcome,
+            str(r.exposed),
+            str(r.failed),
+            "-" if r.rolled_back_at is None else f"{r.rolled_back_at / 60:.0f} min",
+        ]
+        for r in results
+    ]
+    console = _console()
+    console.print(
+        _table(
+            f"Candidate error rate {loaded.candidate.error_rate:.0%} + "
+            f"{loaded.candidate.defect_slope:g} x its share; baseline "
+            f"{loaded.baseline.error_rate:.0%}; {loaded.rate:g} req/s",
+            ["strategy", "gate", "outcome", "on candidate", "failed", "rolled back"],
+            rows,
+        )
+    )
+    if steps:
+        for r in results:
+            if not r.gated:
+                continue
+            step_rows = [
+                [
+                    f"{s.at / 60:.0f} min",
+                    f"{s.share:.0%}",
+                    f"{s.canary_errors}/{s.canary_requests}",
+                    f"{s.baseline_errors}/{s.baseline_requests}",
+                    s.action,
+                    s.reasons[0] if s.action != "proceed" else "all checks passed",
+                ]
+                for s in r.steps
+            ]
+            console.print(
+                _table(
+                    f"{r.strategy}, gate on: step by step",
+                    ["at", "share", "candidate errors", "baseline errors", "decision", "reason"],
+                    step_rows,
+                )
+            )
+    _wrote(plot)
+
+
+# --------------------------------------------------------------------------- autoscale
+
+
+@lab_app.command()
+def autoscale(
+    base_rate: Annotated[float, typer.Option(help="Arrivals per second before and after.")] = 20.0,
+    surge_rate: Annotated[float, typer.Option(help="Arrivals per second during the surge.")] = 60.0,
+    surge_start: Annotated[float, typer.Option(help="Second the surge begins.")] = 300.0,
+    surge_end: Annotated[float, typer.Option(help="Second the surge ends.")] = 1800.0,
+    duration: Annotated[float, typer.Option(help="Seconds simulated.")] = 2700.0,
+    slots: Annotated[int, typer.Option(help="Slots per replica (service 1 s each).")] = 4,
+    lead_time: Annotated[float, typer.Option(help="Seconds from order to serving.")] = 180.0,
+    interval: Annotated[float, typer.Option(help="Seconds between decisions.")] = 15.0,
+    deadline: Annotated[float, typer.Option(help="Seconds each request may take.")] = 20.0,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """Proportional vs damped law under a lead time and a surge."""
+    try:
+        options = scaling_module.AutoscaleOptions(
+            base_rate=base_rate,
+            surge_rate=surge_rate,
+            surge_start=surge_start,
+            surge_end=surge_end,
+            duration=duration,
+            slots=slots,
+            lead_time=lead_time,
+            interval=interval,
+            deadline=deadline,
+        )
+        with _progress(len(scaling_module.LAWS), "laws", not json_output) as tick:
+            results = []
+            for law in scaling_module.LAWS:
+                results.append(scaling_module.run_autoscale(law, options, seed=seed))
+                tick()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if plot is not None:
+        from tidegate.lab.plot import plot_autoscale
+
+        plot_autoscale(results, plot)
+    if json_output:
+        _emit_json([r.as_dict() for r in results])
+        return
+    rows = [
+        [
+            r.law,
+            str(r.peak_replicas),
+            str(r.direction_changes),
+            str(r.cold_starts),
+            f"{100 * r.goodput_share:.1f}",
+            f"{r.replica_seconds / 3600:.1f}",
+        ]
+        for r in results
+    ]
+    _console().print(
+        _table(
+            f"{base_rate:g} -> {surge_rate:g} req/s from {surge_start:g} s to {surge_end:g} s, "
+            f"lead time {lead_time:g} s, start at {options.initial_replicas} replicas",
+            [
+                "law",
+                "peak replicas",
+                "direction changes",
+                "cold starts",
+                "goodput %",
+                "replica-hours",
+            ],
+            rows,
+        )
+    )
+    _wrote(plot)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@lab_app.command()
+def plan(
+    peak: Annotated[float, typer.Option(help="Peak requests per second.")] = 40.0,
+    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
+    io: Annotated[float, typer.Option(help="Seconds waiting for the model per request.")] = 0.8,
+    slots: Annotated[int, typer.Option(help="In-flight slots per worker.")] = 8,
+    cores: Annotated[int, typer.Option(help="Cores per worker.")] = 1,
+    target: Annotated[float, typer.Option(help="Target utilisation of each worker.")] = 0.6,
+    spare: Annotated[int, typer.Option(help="Spare workers beyond the target.")] = 1,
+    requests_per_month: Annotated[float, typer.Option(help="Requests per month.")] = 20_000_000,
+    tokens_per_request: Annotated[float, typer.Option(help="Tokens per request.")] = 1200,
+    worker_hour: Annotated[float, typer.Option(help="Price of one worker for an hour.")] = 0.05,
+    price_per_1k_tokens: Annotated[float, typer.Option(help="Price of 1,000 tokens.")] = 0.002,
+    check: Annotated[bool, typer.Option(help="Simulate the peak on the planned fleet.")] = True,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Workers for a peak at a target utilisation with a spare, and the monthly cost."""
+    try:
+        planned = capacity_module.plan_workers(
+            peak, cpu=cpu, io=io, slots=slots, cores=cores, target_utilisation=target, spare=spare
+        )
+        cost = capacity_module.monthly_cost(
+            planned.workers,
+            requests_per_month=requests_per_month,
+            tokens_per_request=tokens_per_request,
+            worker_hour_price=worker_hour,
+            price_per_1k_tokens=price_per_1k_tokens,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    checks: dict[str, tuple[float, float]] = {}
+    if check:
+        cpu_part = Deterministic(value=cpu) if cpu > 0 else None
+        io_part = Exponential(mean=io)
+        checks["planned fleet"] = capacity_module.simulate_peak(
+            planned, cpu=cpu_part, io=io_part, slots=slots, cores=cores, seed=seed
+        )
+        if planned.workers > 1:
+            checks["one worker lost"] = capacity_module.simulate_peak(
+                planned,
+                cpu=cpu_part,
+                io=io_part,
+                slots=slots,
+                cores=cores,
+                workers=planned.workers - 1,
+                seed=seed,
+            )
+    if json_output:
+        _emit_json(
+            {
+                "plan": planned.as_dict(),
+                "monthly_cost": {
+                    **cost.as_dict(),
+                    "per_request": cost.per_request(requests_per_month),
+                },
+                "simulated_peak": {
+                    name: {"shed_share": shed, "p95": p95} for name, (shed, p95) in checks.items()
+                },
+            }
+        )
+        return
+    console = _console()
+    rows = [
+        ["workers", f"{planned.workers} ({planned.spare} spare)"],
+        ["ceiling per worker", f"{planned.per_worker_ceiling:.1f} req/s"],
+        ["fleet slot limit", f"{planned.slot_limit_rps:.1f} req/s"],
+        ["fleet core limit", f"{_fmt(planned.core_limit_rps, 1)} req/s"],
+        ["utilisation at peak", f"{planned.utilisation_at_peak:.0%}"],
+        ["utilisation, one worker lost", f"{_fmt(100 * planned.utilisation_one_down, 0)}%"],
+    ]
+    for name, (shed, p95) in checks.items():
+        rows.append([f"simulated peak, {name}", f"shed {shed:.1%}, p95 {p95:.2f} s"])
+    rows += [
+        ["compute per month", f"{cost.compute:,.2f}"],
+        ["tokens per month", f"{cost.tokens:,.2f}"],
+        ["total per month", f"{cost.total:,.2f}"],
+        ["per request", f"{cost.per_request(requests_per_month):.6f}"],
+    ]
+    console.print(
+        _table(
+            f"Plan for {peak:g} req/s at {target:.0%} target, {slots} slots per worker",
+            ["", "value"],
+            rows,
+        )
+    )
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def _sample(name: str) -> Path:
+    return Path(str(resources.files("tidegate.lab").joinpath(f"data/{name}")))
+
+
+@lab_app.command("replay")
+def replay_command(
+    log: Annotated[
+        Path | None,
+        typer.Option(
+            help="Request log (JSONL or CSV); default: a generated sample.", dir_okay=False
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="Candidate tidegate.yaml; default: a built-in sample.", dir_okay=False),
+    ] = None,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Replay a request log through a candidate config's admission, retry and breaker."""
+    config_path = config or _sample("candidate.yaml")
+    log_name = log.name if log is not None else "the built-in sample log"
+    try:
+        trace = load_trace(log) if log is not None else replay_module.sample_log(seed=seed)
+        candidate = replay_module.load_replay_config(config_path)
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    result = replay_module.replay_log(trace, candidate, seed=seed)
+    if json_output:
+        _emit_json(result.as_dict())
+        return
+    console = _console()
+    groups = [g for g in replay_module.OUTCOMES if g in result.recorded or g in result.replayed]
+    rows = [
+        [
+            group,
+            str(result.recorded.get(group, 0)),
+            str(result.replayed.get(group, 0)),
+            f"{result.replayed.get(group, 0) - result.recorded.get(group, 0):+d}",
+        ]
+        for group in groups
+    ]
+    rows.append(["p95 of ok, s", _fmt(result.recorded_p95), _fmt(result.replayed_p95), ""])
+    console.print(
+        _table(
+            f"{result.requests} requests from {log_name} through {config_path.name} "
+            f"({result.calls} provider calls, {result.retries} retries)",
+            ["outcome", "recorded", "replayed", "change"],
+            rows,
+        )
+    )
+    if result.changed:
+        changed = sorted(result.changed.items(), key=lambda kv: (-kv[1], kv[0]))
+        console.print(
+            _table(
+                "What would have changed",
+                ["recorded", "replayed", "requests"],
+                [[a, b, str(n)] for (a, b), n in changed],
+            )
+        )

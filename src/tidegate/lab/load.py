@@ -1,0 +1,185 @@
+"""Load tests in virtual time: a sweep of arrival rates, and the backpressure comparison.
+
+:func:`load_sweep` offers each rate to the same fleet (open-loop Poisson arrivals, so overload
+shows) and reports shed share, p95, throughput, utilisation and Little's law (L against
+lambda x W) per rate. With ``with_theory=True`` and a fleet the formulas describe (no CPU part,
+exponential IO), each point also carries the M/M/c/K (or M/M/c) prediction for one worker fed
+``rate / workers``, exact for one worker and for a random split of Poisson traffic.
+
+:func:`backpressure` runs one overload against three admission shapes: no waiting room, a
+bounded waiting room, and an unbounded queue whose expired work is dropped at dequeue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidegate.lab import theory
+from tidegate.lab.engine import Fleet, Traffic, simulate
+from tidegate.lab.report import Report
+from tidegate.lab.workload import Distribution, Exponential, Poisson
+from tidegate.policy.admission import AdmissionOptions
+
+__all__ = [
+    "BACKPRESSURE_SHAPES",
+    "LoadPoint",
+    "TheoryPoint",
+    "backpressure",
+    "load_sweep",
+    "theory_for",
+]
+
+#: The three shapes :func:`backpressure` compares, in order.
+BACKPRESSURE_SHAPES = ("no waiting room", "bounded waiting room", "unbounded, deadline")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TheoryPoint:
+    """What queueing theory predicts for one rate (per worker, times the workers)."""
+
+    shed_share: float
+    in_system: float
+    time_in_system: float
+    throughput: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "shed_share": self.shed_share,
+            "in_system": self.in_system,
+            "time_in_system": self.time_in_system,
+            "throughput": self.throughput,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadPoint:
+    """One rate of a sweep: the simulated report and, when it applies, the theory."""
+
+    rate: float
+    report: Report
+    theory: TheoryPoint | None = None
+
+    @property
+    def shed_share(self) -> float:
+        total = self.report.total
+        return total.shed_total / total.offered if total.offered else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        total = self.report.total
+        return {
+            "rate": self.rate,
+            "offered": total.offered,
+            "shed_share": self.shed_share,
+            "p95": None if math.isnan(total.latency.p95) else total.latency.p95,
+            "throughput": self.report.throughput,
+            "utilisation": self.report.utilisation,
+            "L": self.report.in_system_mean,
+            "lambda_W": self.report.littles_product,
+            "theory": None if self.theory is None else self.theory.as_dict(),
+        }
+
+
+def theory_for(rate: float, fleet: Fleet) -> TheoryPoint | None:
+    """The M/M/c/K or M/M/c prediction for ``fleet`` at ``rate``, or ``None`` if it does not
+    apply (a CPU part, non-exponential IO, or an unbounded queue past its capacity)."""
+    if fleet.cpu is not None or not isinstance(fleet.io, Exponential):
+        return None
+    options = fleet.admission
+    if len(options.classes) != 1:
+        return None
+    workers, slots, mu = fleet.workers, options.slots, 1.0 / fleet.io.mean
+    lam = rate / workers
+    cap = options.cap_for(options.classes[0])
+    if cap is None:
+        if lam >= slots * mu:
+            return None
+        result = theory.mmc(lam, mu, slots)
+        return TheoryPoint(
+            shed_share=0.0,
+            in_system=workers * result.mean_in_system,
+            time_in_system=result.mean_response,
+            throughput=rate,
+        )
+    finite = theory.mmck(lam, mu, slots, slots + cap)
+    return TheoryPoint(
+        shed_share=finite.p_block,
+        in_system=workers * finite.mean_in_system,
+        time_in_system=finite.mean_response,
+        throughput=workers * finite.throughput,
+    )
+
+
+def load_sweep(
+    rates: Sequence[float],
+    fleet: Fleet,
+    *,
+    horizon: float = 600.0,
+    warmup: float = 60.0,
+    seed: int = 0,
+    deadline: float | None = None,
+    with_theory: bool = False,
+    progress: Callable[[], None] | None = None,
+) -> list[LoadPoint]:
+    """Offer each rate to ``fleet`` for ``horizon`` seconds; ``progress`` after each rate."""
+    points = []
+    for rate in rates:
+        report = simulate(
+            Traffic(arrivals=Poisson(rate=rate), deadline=deadline),
+            fleet,
+            horizon=horizon,
+            warmup=warmup,
+            seed=seed,
+        )
+        points.append(
+            LoadPoint(
+                rate=rate, report=report, theory=theory_for(rate, fleet) if with_theory else None
+            )
+        )
+        if progress is not None:
+            progress()
+    return points
+
+
+def backpressure(
+    rate: float,
+    *,
+    slots: int = 8,
+    waiting_room: int = 8,
+    deadline: float = 3.0,
+    io: Distribution,
+    cpu: Distribution | None = None,
+    workers: int = 1,
+    horizon: float = 120.0,
+    seed: int = 0,
+) -> dict[str, Report]:
+    """The same overload against no waiting room, ``waiting_room`` places, and an unbounded
+    queue that drops expired work at dequeue. Every request has ``deadline`` seconds; callers
+    do not say when they give up."""
+    base: dict[str, Any] = {
+        "classes": ("standard",),
+        "slots": slots,
+        "mode": "queue_cap",
+        "dequeue": "fifo",
+    }
+    shapes = {
+        "no waiting room": AdmissionOptions(**base, queue_cap=0, drop_expired_at_dequeue=False),
+        "bounded waiting room": AdmissionOptions(
+            **base, queue_cap=waiting_room, drop_expired_at_dequeue=False
+        ),
+        "unbounded, deadline": AdmissionOptions(
+            **base, queue_cap=None, drop_expired_at_dequeue=True
+        ),
+    }
+    traffic = Traffic(arrivals=Poisson(rate=rate), deadline=deadline, on_deadline="stay")
+    return {
+        name: simulate(
+            traffic,
+            Fleet(admission=options, io=io, cpu=cpu, workers=workers),
+            horizon=horizon,
+            seed=seed,
+        )
+        for name, options in shapes.items()
+    }

@@ -1,0 +1,483 @@
+"""Replay a recorded request log through a candidate config's admission, retry and breaker.
+
+The log is what the gateway wrote (one JSON ``request`` line per request) or any trace with an
+arrival time, class, tenant, tokens, latency and outcome per request (see
+:func:`~tidegate.lab.workload.load_trace`). The candidate config is a tidegate YAML file; only
+its ``admission``, ``retry``, ``breaker``, ``server.request_timeout_s`` and the routes'
+``per_try_timeout_s`` are read, with the same keys and defaults as the gateway's config.
+
+How the provider behaves is read from the log itself: a request that was answered (``ok``) says
+the provider was healthy at that moment, one that failed with ``provider_<kind>`` says it was
+failing that way; refusals by the gateway say nothing about it. A first attempt gets its own
+request's recorded outcome and latency; a retry gets the provider's state at the moment it is
+made (the latest evidence before it). Each request then goes through the real
+:class:`~tidegate.policy.admission.AdmissionController`,
+:class:`~tidegate.policy.retry.RetryPlanner` (with its budget) and
+:class:`~tidegate.policy.breaker.CircuitBreaker`, and the report compares the outcomes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from tidegate.errors import CircuitOpen, ProviderError, ProviderErrorKind, Rejected
+from tidegate.lab.engine import EventQueue
+from tidegate.lab.report import percentile
+from tidegate.lab.workload import Trace, TraceRecord
+from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
+from tidegate.policy.breaker import BreakerOptions, CircuitBreaker, Permit
+from tidegate.policy.deadline import Deadline
+from tidegate.policy.retry import Attempt, GiveUp, RetryBudget, RetryPlanner, RetryPolicy
+
+__all__ = [
+    "OUTCOMES",
+    "ReplayConfig",
+    "ReplayResult",
+    "load_replay_config",
+    "replay_log",
+    "sample_log",
+]
+
+#: Outcome groups a replayed request can end in.
+OUTCOMES: Final = ("ok", "provider_error", "shed", "expired", "circuit_open", "other")
+
+_ADMISSION_KEYS: Final = frozenset(
+    {
+        "classes",
+        "slots",
+        "queue_cap",
+        "tenant_max_in_flight",
+        "tenant_max_waiting",
+        "mode",
+        "service_rate",
+        "dequeue",
+        "weights",
+        "priority_at_admission",
+    }
+)
+_RETRY_KEYS: Final = frozenset(
+    {
+        "attempts",
+        "base_s",
+        "factor",
+        "cap_s",
+        "jitter",
+        "budget_ratio",
+        "budget_floor_per_s",
+        "retry_timeouts_on_same_provider",
+    }
+)
+_BREAKER_KEYS: Final = frozenset(
+    {
+        "consecutive_failures",
+        "failure_rate",
+        "window_s",
+        "minimum_calls",
+        "recovery_s",
+        "recovery_jitter",
+    }
+)
+_REFUSALS: Final = frozenset(
+    {
+        "queue_full",
+        "deadline_unmeetable",
+        "bulkhead_full",
+        "rate_limited",
+        "budget_exceeded",
+        "unavailable",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayConfig:
+    """The candidate settings a log is replayed through."""
+
+    admission: AdmissionOptions = field(
+        default_factory=lambda: AdmissionOptions(classes=("critical", "standard", "batch"))
+    )
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    budget_ratio: float = 0.1
+    budget_floor_per_s: float = 1.0
+    breaker: BreakerOptions = field(default_factory=BreakerOptions)
+    #: Seconds a request may take in all (the gateway's request timeout).
+    deadline: float = 60.0
+    #: Seconds one provider attempt may take.
+    per_try: float = 30.0
+
+
+def _section(
+    data: Mapping[str, Any], name: str, keys: frozenset[str], where: str
+) -> dict[str, Any]:
+    section = data.get(name) or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{where}: {name} must be a mapping")
+    unknown = sorted(set(section) - keys)
+    if unknown:
+        raise ValueError(f"{where}: unknown key '{name}.{unknown[0]}'")
+    return dict(section)
+
+
+def load_replay_config(path: str | Path) -> ReplayConfig:
+    """Read the admission, retry, breaker and timeout settings of a tidegate YAML config.
+
+    Other sections are ignored, so a full gateway config (secret files and all) can be read
+    without the secrets being present. Unknown keys inside the three sections are refused.
+    """
+    where = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: the top level must be a mapping")
+    admission = _section(data, "admission", _ADMISSION_KEYS, where)
+    retry = _section(data, "retry", _RETRY_KEYS, where)
+    breaker = _section(data, "breaker", _BREAKER_KEYS, where)
+    if "classes" in admission:
+        admission["classes"] = tuple(admission["classes"])
+    admission.setdefault("queue_cap", 256)  # the gateway's default
+    try:
+        options = AdmissionOptions(**admission)
+        policy = RetryPolicy(
+            attempts=int(retry.get("attempts", 3)),
+            base=float(retry.get("base_s", 0.5)),
+            factor=float(retry.get("factor", 2.0)),
+            cap=float(retry.get("cap_s", 8.0)),
+            jitter=retry.get("jitter", "full"),
+        )
+        breaker_options = BreakerOptions(
+            consecutive_failures=int(breaker.get("consecutive_failures", 5)),
+            failure_rate=float(breaker.get("failure_rate", 0.5)),
+            window=float(breaker.get("window_s", 30.0)),
+            minimum_calls=int(breaker.get("minimum_calls", 10)),
+            recovery=float(breaker.get("recovery_s", 30.0)),
+            recovery_jitter=float(breaker.get("recovery_jitter", 0.2)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    server = data.get("server") or {}
+    models = data.get("models") or {}
+    per_try = [
+        float(route.get("per_try_timeout_s", 30.0))
+        for route in models.values()
+        if isinstance(route, dict)
+    ]
+    return ReplayConfig(
+        admission=options,
+        retry=policy,
+        budget_ratio=float(retry.get("budget_ratio", 0.1)),
+        budget_floor_per_s=float(retry.get("budget_floor_per_s", 1.0)),
+        breaker=breaker_options,
+        deadline=float(server.get("request_timeout_s", 60.0)) if isinstance(server, dict) else 60.0,
+        per_try=min(per_try) if per_try else 30.0,
+    )
+
+
+def _group(outcome: str) -> str:
+    if outcome == "ok":
+        return "ok"
+    if outcome.startswith("provider_") or outcome in ("stream_incomplete",):
+        return "provider_error"
+    if outcome in _REFUSALS:
+        return "shed"
+    if outcome == "deadline_exceeded":
+        return "expired"
+    if outcome == "circuit_open":
+        return "circuit_open"
+    return "other"
+
+
+def _provider_kind(outcome: str) -> ProviderErrorKind | None:
+    """The provider failure an outcome records, or None if it is not one."""
+    if not outcome.startswith("provider_"):
+        return None
+    try:
+        return ProviderErrorKind(outcome.removeprefix("provider_"))
+    except ValueError:
+        return ProviderErrorKind.SERVER
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayResult:
+    """Outcome counts as recorded and as replayed, their transitions, and latency."""
+
+    requests: int
+    recorded: Mapping[str, int]
+    replayed: Mapping[str, int]
+    #: ``(recorded group, replayed group) -> requests``, only where they differ.
+    changed: Mapping[tuple[str, str], int]
+    recorded_p95: float
+    replayed_p95: float
+    calls: int
+    retries: int
+    by_class: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "recorded": dict(self.recorded),
+            "replayed": dict(self.replayed),
+            "changed": [
+                {"from": a, "to": b, "requests": n} for (a, b), n in sorted(self.changed.items())
+            ],
+            "recorded_p95": None if math.isnan(self.recorded_p95) else self.recorded_p95,
+            "replayed_p95": None if math.isnan(self.replayed_p95) else self.replayed_p95,
+            "calls": self.calls,
+            "retries": self.retries,
+            "by_class": {k: dict(v) for k, v in self.by_class.items()},
+        }
+
+
+class _Health:
+    """The provider's state over time, as the log's answered and failed requests show it."""
+
+    def __init__(self, records: tuple[TraceRecord, ...]) -> None:
+        evidence = [
+            (r.at + (r.latency or 0.0), r.outcome)
+            for r in records
+            if r.outcome == "ok" or _provider_kind(r.outcome) is not None
+        ]
+        evidence.sort(key=lambda e: e[0])
+        self.times = [t for t, _ in evidence]
+        self.outcomes = [o for _, o in evidence]
+        ok = sorted(r.latency for r in records if r.outcome == "ok" and r.latency is not None)
+        self.typical_latency = percentile(ok, 0.5) if ok else 1.0
+
+    def at(self, when: float) -> ProviderErrorKind | None:
+        """The failure the provider was showing at ``when``, or None if it was healthy."""
+        index = bisect.bisect_right(self.times, when) - 1
+        if index < 0:
+            return None
+        return _provider_kind(self.outcomes[index])
+
+
+class _Replay:
+    def __init__(self, trace: Trace, config: ReplayConfig, seed: int) -> None:
+        self.config = config
+        self.queue = EventQueue()
+        clock = self.queue.clock
+        self.clock = clock
+        self.health = _Health(trace.records)
+        self.controller = AdmissionController(config.admission, clock)
+        self.budget = RetryBudget(
+            clock, ratio=config.budget_ratio, min_retries_per_second=config.budget_floor_per_s
+        )
+        self.planner = RetryPlanner(
+            config.retry, rng=random.Random(f"tidegate-lab/replay/{seed}"), budget=self.budget
+        )
+        self.breaker = CircuitBreaker(
+            "provider",
+            config.breaker,
+            clock=clock,
+            rng=random.Random(f"tidegate-lab/replay/{seed}/breaker"),
+        )
+        self.records = trace.records
+        self.outcome: list[str] = ["other"] * len(trace.records)
+        self.latency: list[float | None] = [None] * len(trace.records)
+        self.tickets: dict[Ticket, int] = {}
+        self.calls = 0
+        self.retries = 0
+        classes = config.admission.classes
+        self.klass = [r.klass if r.klass in classes else classes[-1] for r in trace.records]
+
+    def arrive(self, index: int) -> None:
+        record = self.records[index]
+        now = self.clock.now()
+        try:
+            ticket = self.controller.offer(
+                request_id=record.request_id or str(index),
+                klass=self.klass[index],
+                tenant=record.tenant,
+                deadline_at=now + self.config.deadline,
+            )
+        except Rejected:
+            self.outcome[index] = "shed"
+            return
+        self.tickets[ticket] = index
+        if ticket.state is TicketState.STARTED:
+            self.call(ticket, index)
+        else:
+            self.queue.at(now + self.config.deadline, self.give_up_waiting, ticket)
+
+    def give_up_waiting(self, ticket: Ticket) -> None:
+        # The caller's deadline passed while it waited: it goes away. The controller may have
+        # dropped the ticket at dequeue already; either way the request expired.
+        if ticket.state is TicketState.WAITING:
+            self.controller.cancel(ticket)
+        elif ticket.state is not TicketState.EXPIRED:
+            return
+        self.outcome[self.tickets.pop(ticket)] = "expired"
+
+    def call(self, ticket: Ticket, index: int) -> None:
+        deadline = Deadline.at_time(self.clock, self.records[index].at + self.config.deadline)
+        self.budget.record_first_try()
+        self.attempt(ticket, index, deadline, 1, None)
+
+    def attempt(
+        self,
+        ticket: Ticket,
+        index: int,
+        deadline: Deadline,
+        number: int,
+        previous_delay: float | None,
+    ) -> None:
+        step = self.planner.start(deadline, self.config.per_try)
+        if isinstance(step, GiveUp):
+            self.done(ticket, index, "expired")
+            return
+        assert isinstance(step, Attempt)
+        try:
+            permit = self.breaker.acquire(deadline_at=deadline.at)
+        except CircuitOpen:
+            self.done(ticket, index, "circuit_open")
+            return
+        self.calls += 1
+        if number > 1:
+            self.retries += 1
+        record = self.records[index]
+        now = self.clock.now()
+        if number == 1 and (record.outcome == "ok" or _provider_kind(record.outcome)):
+            kind = _provider_kind(record.outcome)
+            latency = record.latency if record.latency is not None else self.health.typical_latency
+        else:
+            kind = self.health.at(now)
+            latency = (
+                record.latency
+                if record.latency is not None and record.outcome == "ok"
+                else self.health.typical_latency
+            )
+        if latency > step.timeout:
+            latency, kind = step.timeout, ProviderErrorKind.TIMEOUT
+        self.queue.at(
+            now + latency,
+            self.settle,
+            ticket,
+            index,
+            deadline,
+            number,
+            previous_delay,
+            kind,
+            permit,
+        )
+
+    def settle(
+        self,
+        ticket: Ticket,
+        index: int,
+        deadline: Deadline,
+        number: int,
+        previous_delay: float | None,
+        kind: ProviderErrorKind | None,
+        permit: Permit,
+    ) -> None:
+        if kind is None:
+            permit.success()
+            self.done(ticket, index, "ok")
+            return
+        permit.failure()
+        error = ProviderError(kind, "replayed failure", provider="provider")
+        plan = self.planner.after_failure(
+            error, number, deadline, self.config.per_try, previous_delay=previous_delay
+        )
+        if isinstance(plan, GiveUp):
+            self.done(ticket, index, "provider_error")
+            return
+        self.queue.after(
+            plan.delay, self.attempt, ticket, index, deadline, plan.attempt, plan.delay
+        )
+
+    def done(self, ticket: Ticket, index: int, outcome: str) -> None:
+        self.outcome[index] = outcome
+        self.latency[index] = self.clock.now() - self.records[index].at
+        self.tickets.pop(ticket, None)
+        self.controller.finish(ticket)
+        while (started := self.controller.start()) is not None:
+            self.call(started, self.tickets[started])
+
+    def run(self) -> ReplayResult:
+        for index, record in enumerate(self.records):
+            self.queue.at(record.at, self.arrive, index)
+        self.queue.run()
+        recorded = Counter(_group(r.outcome) for r in self.records)
+        replayed = Counter(self.outcome)
+        changed: Counter[tuple[str, str]] = Counter()
+        by_class: dict[str, Counter[str]] = {}
+        for record, outcome, klass in zip(self.records, self.outcome, self.klass, strict=True):
+            before = _group(record.outcome)
+            if before != outcome:
+                changed[(before, outcome)] += 1
+            by_class.setdefault(klass, Counter())[outcome] += 1
+        recorded_latency = sorted(
+            r.latency for r in self.records if r.outcome == "ok" and r.latency is not None
+        )
+        replayed_latency = sorted(
+            lat
+            for lat, outcome in zip(self.latency, self.outcome, strict=True)
+            if outcome == "ok" and lat is not None
+        )
+        order = {name: i for i, name in enumerate(OUTCOMES)}
+        return ReplayResult(
+            requests=len(self.records),
+            recorded=dict(sorted(recorded.items(), key=lambda kv: order[kv[0]])),
+            replayed=dict(sorted(replayed.items(), key=lambda kv: order[kv[0]])),
+            changed=dict(changed),
+            recorded_p95=percentile(recorded_latency, 0.95),
+            replayed_p95=percentile(replayed_latency, 0.95),
+            calls=self.calls,
+            retries=self.retries,
+            by_class={k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
+        )
+
+
+def replay_log(trace: Trace, config: ReplayConfig, *, seed: int = 0) -> ReplayResult:
+    """Run every logged request through ``config`` and compare the outcomes with the log's."""
+    return _Replay(trace, config, seed).run()
+
+
+def sample_log(*, seed: int = 0, duration: float = 600.0) -> Trace:
+    """A recorded-looking log for demonstrations: steady traffic, a burst, a provider outage.
+
+    Four requests a second, ten a second from 240 s to 300 s, and the provider failing every
+    call from 360 s to 420 s; 20 % critical, 70 % standard, 10 % batch, from three tenants.
+    It was "recorded" behind a gateway that queued without bound and never retried, so its
+    durations include queueing and its outages show as ``provider_server``.
+    """
+    rng = random.Random(f"tidegate-lab/sample-log/{seed}")
+    records = []
+    now = 0.0
+    index = 0
+    while True:
+        rate = 10.0 if 240.0 <= now < 300.0 else 4.0
+        now += -math.log(1.0 - rng.random()) / rate
+        if now >= duration:
+            break
+        index += 1
+        draw = rng.random()
+        klass = "critical" if draw < 0.2 else "standard" if draw < 0.9 else "batch"
+        if 360.0 <= now < 420.0:
+            outcome, latency = "provider_server", 0.2 + 0.3 * rng.random()
+        else:
+            outcome, latency = "ok", 1.5 * math.exp(0.5 * rng.gauss(0.0, 1.0))
+        records.append(
+            TraceRecord(
+                at=round(now, 3),
+                klass=klass,
+                tenant=("acme", "globex", "initech")[int(rng.random() * 3)],
+                user=f"user-{int(rng.random() * 500)}",
+                tokens=800 + int(rng.random() * 1200),
+                latency=round(latency, 3),
+                outcome=outcome,
+                request_id=f"r{index:06d}",
+            )
+        )
+    return Trace(records=tuple(records))

@@ -1,0 +1,477 @@
+"""What arrives and how long it takes: arrival processes, service-time distributions, traces.
+
+Everything here is a plain description (frozen dataclasses). The engine turns a description into
+a sampler bound to one seeded :class:`random.Random`, so a description can be shared between runs
+and every run with the same seed draws the same numbers.
+
+Arrivals are open-loop (:class:`Poisson`, :class:`Constant`, :class:`Piecewise`, :class:`Trace`:
+requests keep coming however slow the service is, as in a campaign) or closed-loop
+(:class:`ClosedLoop`: a fixed set of clients, each waiting for its answer and thinking before it
+asks again, which slows down with the service and hides overload).
+
+Service times are :class:`Exponential`, :class:`Deterministic`, :class:`LogNormal` or
+:class:`Empirical` (drawn from observed values, e.g. the latencies of a trace).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeAlias
+
+__all__ = [
+    "Arrivals",
+    "ClosedLoop",
+    "Constant",
+    "Deterministic",
+    "Distribution",
+    "Empirical",
+    "Exponential",
+    "LogNormal",
+    "Piecewise",
+    "Poisson",
+    "Trace",
+    "TraceRecord",
+    "load_trace",
+    "parse_distribution",
+]
+
+
+def _check_positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+# --------------------------------------------------------------------------- distributions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exponential:
+    """Exponential times with the given mean (memoryless: the M in M/M/c)."""
+
+    mean: float
+
+    def __post_init__(self) -> None:
+        _check_positive("mean", self.mean)
+
+    @property
+    def scv(self) -> float:
+        """Squared coefficient of variation: variance over squared mean."""
+        return 1.0
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        """A function drawing one time per call from ``rng``."""
+        rnd, log, mean = rng.random, math.log, self.mean
+
+        def draw() -> float:
+            return -log(1.0 - rnd()) * mean
+
+        return draw
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deterministic:
+    """The same time every time (the D in M/D/1)."""
+
+    value: float
+
+    def __post_init__(self) -> None:
+        _check_non_negative("value", self.value)
+
+    @property
+    def mean(self) -> float:
+        return self.value
+
+    @property
+    def scv(self) -> float:
+        return 0.0
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        del rng  # nothing to draw
+        value = self.value
+        return lambda: value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogNormal:
+    """Log-normal times with the given mean and squared coefficient of variation.
+
+    Model latencies are skewed: most calls are near the median and a few take much longer. An
+    ``scv`` of 1 has the variance of an exponential with a heavier tail.
+    """
+
+    mean: float
+    scv: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_positive("mean", self.mean)
+        _check_positive("scv", self.scv)
+
+    @property
+    def sigma(self) -> float:
+        """The standard deviation of the underlying normal."""
+        return math.sqrt(math.log1p(self.scv))
+
+    @property
+    def median(self) -> float:
+        return self.mean / math.sqrt(1.0 + self.scv)
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        gauss, exp, mu, sigma = rng.gauss, math.exp, math.log(self.median), self.sigma
+
+        def draw() -> float:
+            return exp(mu + sigma * gauss(0.0, 1.0))
+
+        return draw
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Empirical:
+    """Times drawn uniformly, with replacement, from observed values."""
+
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        values = tuple(float(v) for v in self.values)
+        if not values:
+            raise ValueError("values must hold at least one observed time")
+        for value in values:
+            _check_non_negative("values", value)
+        object.__setattr__(self, "values", values)
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.values) / len(self.values)
+
+    @property
+    def scv(self) -> float:
+        mean = self.mean
+        if mean == 0:
+            return 0.0
+        variance = math.fsum((v - mean) ** 2 for v in self.values) / len(self.values)
+        return variance / (mean * mean)
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        values, rnd, n = self.values, rng.random, len(self.values)
+
+        def draw() -> float:
+            return values[int(rnd() * n)]
+
+        return draw
+
+
+Distribution: TypeAlias = Exponential | Deterministic | LogNormal | Empirical
+
+
+def parse_distribution(text: str) -> Distribution:
+    """A distribution from a short spec: ``exp:0.8``, ``det:1``, ``lognormal:0.8,2``, a number.
+
+    A bare number is deterministic. ``lognormal:MEAN,SCV`` takes the mean and the squared
+    coefficient of variation.
+    """
+    kind, _, args = text.strip().partition(":")
+    try:
+        if not args:
+            return Deterministic(value=float(kind))
+        numbers = [float(part) for part in args.split(",")]
+    except ValueError:
+        raise ValueError(f"cannot read a distribution from {text!r}") from None
+    kind = kind.lower()
+    if kind in ("exp", "exponential") and len(numbers) == 1:
+        return Exponential(mean=numbers[0])
+    if kind in ("det", "deterministic", "const") and len(numbers) == 1:
+        return Deterministic(value=numbers[0])
+    if kind in ("lognormal", "lognorm") and len(numbers) in (1, 2):
+        return LogNormal(mean=numbers[0], scv=numbers[1] if len(numbers) == 2 else 1.0)
+    raise ValueError(
+        f"cannot read a distribution from {text!r}: use exp:MEAN, det:VALUE or lognormal:MEAN,SCV"
+    )
+
+
+# --------------------------------------------------------------------------- arrivals
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Poisson:
+    """Open-loop arrivals at ``rate`` per second with exponential gaps (the first M)."""
+
+    rate: float
+
+    def __post_init__(self) -> None:
+        _check_positive("rate", self.rate)
+
+    def mean_rate(self, horizon: float) -> float:
+        del horizon
+        return self.rate
+
+    def stream(self, rng: random.Random) -> Callable[[float], float]:
+        """A function from the previous arrival time to the next one."""
+        rnd, log, mean_gap = rng.random, math.log, 1.0 / self.rate
+
+        def following(previous: float) -> float:
+            return previous - log(1.0 - rnd()) * mean_gap
+
+        return following
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constant:
+    """Open-loop arrivals exactly ``1 / rate`` seconds apart, the first at ``1 / rate``."""
+
+    rate: float
+
+    def __post_init__(self) -> None:
+        _check_positive("rate", self.rate)
+
+    def mean_rate(self, horizon: float) -> float:
+        del horizon
+        return self.rate
+
+    def stream(self, rng: random.Random) -> Callable[[float], float]:
+        del rng
+        gap = 1.0 / self.rate
+        count = 0
+
+        def following(previous: float) -> float:
+            # Counting avoids the drift of adding the gap again and again.
+            nonlocal count
+            del previous
+            count += 1
+            return count * gap
+
+        return following
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Piecewise:
+    """Poisson arrivals whose rate changes at given times: a surge, a ramp in steps, a lull.
+
+    ``steps`` are ``(start time, rate)`` pairs in increasing time, the first starting at 0; each
+    rate holds until the next start. A rate of 0 is a silence.
+    """
+
+    steps: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        steps = tuple((float(start), float(rate)) for start, rate in self.steps)
+        if not steps or steps[0][0] != 0.0:
+            raise ValueError(f"steps must start at time 0, got {self.steps!r}")
+        for (start, rate), following in zip(steps, (*steps[1:], None), strict=True):
+            _check_non_negative("steps rate", rate)
+            if following is not None and following[0] <= start:
+                raise ValueError(f"steps must have increasing start times, got {self.steps!r}")
+        object.__setattr__(self, "steps", steps)
+
+    def rate_at(self, when: float) -> float:
+        """The arrival rate in force at ``when``."""
+        current = self.steps[0][1]
+        for start, rate in self.steps:
+            if start > when:
+                break
+            current = rate
+        return current
+
+    def mean_rate(self, horizon: float) -> float:
+        """The average rate over ``[0, horizon]``."""
+        total = 0.0
+        for (start, rate), following in zip(self.steps, (*self.steps[1:], None), strict=True):
+            end = horizon if following is None else min(horizon, following[0])
+            if end > start:
+                total += rate * (end - start)
+        return total / horizon
+
+    def stream(self, rng: random.Random) -> Callable[[float], float]:
+        rnd, log, steps = rng.random, math.log, self.steps
+        bounds = [start for start, _ in steps[1:]] + [math.inf]
+        rates = [rate for _, rate in steps]
+
+        def following(previous: float) -> float:
+            # Exponential gaps are memoryless, so a gap that crosses a boundary is redrawn from
+            # the boundary at the new rate: exact for a piecewise-constant rate.
+            now = previous
+            index = 0
+            while bounds[index] <= now:
+                index += 1
+            while True:
+                rate = rates[index]
+                if rate > 0:
+                    candidate = now - log(1.0 - rnd()) / rate
+                    if candidate < bounds[index]:
+                        return candidate
+                now = bounds[index]
+                if now == math.inf:
+                    return math.inf
+                index += 1
+
+        return following
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceRecord:
+    """One request of a recorded or scripted trace.
+
+    ``at`` is seconds from the start of the trace. ``latency`` is how long the provider took (the
+    service time when the trace drives service); ``outcome`` is ``"ok"`` or the gateway's
+    outcome code (``"provider_timeout"``, ``"queue_full"``, ...).
+    """
+
+    at: float
+    klass: str = "standard"
+    tenant: str = "default"
+    user: str = ""
+    tokens: int = 0
+    latency: float | None = None
+    outcome: str = "ok"
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace:
+    """Arrivals replayed from records, in time order."""
+
+    records: tuple[TraceRecord, ...]
+
+    def __post_init__(self) -> None:
+        records = tuple(sorted(self.records, key=lambda r: r.at))
+        if not records:
+            raise ValueError("records must hold at least one request")
+        if records[0].at < 0:
+            raise ValueError(f"records must not start before 0, got {records[0].at!r}")
+        object.__setattr__(self, "records", records)
+
+    def mean_rate(self, horizon: float) -> float:
+        return sum(1 for r in self.records if r.at < horizon) / horizon
+
+    def latencies(self) -> Empirical:
+        """The recorded latencies, as a distribution for requests the trace did not time."""
+        values = tuple(r.latency for r in self.records if r.latency is not None)
+        return Empirical(values=values or (0.0,))
+
+
+Arrivals: TypeAlias = Poisson | Constant | Piecewise | Trace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClosedLoop:
+    """``clients`` clients, each asking, waiting for its answer or refusal, thinking, asking again."""
+
+    clients: int
+    think: Distribution
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 1:
+            raise ValueError(f"clients must be an integer >= 1, got {self.clients!r}")
+
+
+# --------------------------------------------------------------------------- trace files
+
+_TIME_KEYS = ("at", "t", "ts", "arrival", "arrival_s", "time")
+_LATENCY_KEYS = ("latency", "latency_s", "duration_s", "service_s")
+
+
+def _first(row: Mapping[str, Any], keys: Iterable[str]) -> Any:
+    for key in keys:
+        value = row.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _arrival(row: Mapping[str, Any], latency: Any, where: str) -> float:
+    at = _first(row, _TIME_KEYS)
+    if at is not None:
+        return float(at)
+    stamp = row.get("timestamp")
+    if isinstance(stamp, str) and stamp:
+        # A gateway log line is written when the request ends: it arrived duration_s earlier.
+        try:
+            ended = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise ValueError(f"{where}: timestamp {stamp!r} is not ISO 8601") from None
+        return ended - (float(latency) if latency is not None else 0.0)
+    raise ValueError(f"{where}: no arrival time (one of {', '.join(_TIME_KEYS)}, or timestamp)")
+
+
+def _record(row: Mapping[str, Any], where: str) -> TraceRecord:
+    latency = _first(row, _LATENCY_KEYS)
+    tokens = _first(row, ("tokens",))
+    if tokens is None:
+        parts = [row.get("prompt_tokens"), row.get("completion_tokens")]
+        tokens = sum(int(p) for p in parts if p not in (None, ""))
+    try:
+        return TraceRecord(
+            at=_arrival(row, latency, where),
+            klass=str(_first(row, ("class", "klass", "priority")) or "standard"),
+            tenant=str(row.get("tenant") or "default"),
+            user=str(row.get("user") or ""),
+            tokens=int(tokens),
+            latency=None if latency is None else float(latency),
+            outcome=str(row.get("outcome") or "ok"),
+            request_id=str(row.get("request_id") or ""),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a trace from JSON lines (``.jsonl``) or CSV (``.csv``) with a header row.
+
+    Each request needs an arrival time (``at``, ``t``, ``ts`` or ``arrival``, seconds; or the
+    ISO ``timestamp`` of a gateway log line, which marks the end, less ``duration_s``) and may
+    give ``class`` (or ``priority``), ``tenant``, ``user``, ``tokens`` (or ``prompt_tokens`` and
+    ``completion_tokens``), ``latency`` (or ``duration_s``), ``outcome`` and ``request_id``.
+    Times are shifted so that the first request arrives at 0.
+    """
+    path = Path(path)
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    with path.open(encoding="utf-8", newline="") as handle:
+        if path.suffix.lower() == ".csv":
+            for number, row in enumerate(csv.DictReader(handle), start=2):
+                rows.append((f"{path}:{number}", row))
+        else:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not JSON: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}:{number}: each line must be a JSON object")
+                if row.get("event", "request") != "request":
+                    continue  # a gateway log holds other lines too (start-up, warnings)
+                rows.append((f"{path}:{number}", row))
+    records = [_record(row, where) for where, row in rows]
+    if not records:
+        raise ValueError(f"{path}: no requests")
+    return _shifted(records)
+
+
+def _shifted(records: Sequence[TraceRecord]) -> Trace:
+    start = min(r.at for r in records)
+    return Trace(
+        records=tuple(
+            TraceRecord(
+                at=r.at - start,
+                klass=r.klass,
+                tenant=r.tenant,
+                user=r.user,
+                tokens=r.tokens,
+                latency=r.latency,
+                outcome=r.outcome,
+                request_id=r.request_id,
+            )
+            for r in records
+        )
+    )

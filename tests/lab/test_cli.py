@@ -1,0 +1,249 @@
+"""Tests for ``tidegate lab``: every sub-command's table, JSON and plot, via typer's runner."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import tidegate.lab.cli as cli_module
+from tidegate.lab.cli import lab_app
+
+runner = CliRunner()
+
+
+def run(*args: str) -> str:
+    result = runner.invoke(lab_app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def run_json(*args: str) -> object:
+    return json.loads(run(*args, "--json"))
+
+
+def test_the_app_exports_only_lab_app() -> None:
+    """The module's public API is the typer app the main command mounts."""
+    assert cli_module.__all__ == ["lab_app"]
+
+
+def test_help_lists_every_scenario() -> None:
+    """``tidegate lab --help`` names every sub-command."""
+    output = run("--help")
+    for command in (
+        "capacity",
+        "load",
+        "backpressure",
+        "storm",
+        "surge",
+        "gameday",
+        "autoscale",
+        "plan",
+        "replay",
+    ):
+        assert command in output
+
+
+def test_capacity_prints_the_binding_limit(tmp_path: Path) -> None:
+    """capacity prints each shape's ceiling and which limit binds, and can plot it."""
+    output = run("capacity", "--shape", "1x8", "--shape", "1x64", "--plot", str(tmp_path / "c.png"))
+    assert "slots" in output
+    assert "cores" in output
+    assert (tmp_path / "c.png").exists()
+    data = run_json("capacity", "--shape", "2x4", "--cpu", "0", "--io", "1", "--check")
+    assert isinstance(data, dict)
+    (shape,) = data["shapes"]
+    assert shape["ceiling"] == 8.0
+    assert shape["simulated"] == pytest.approx(8.0, rel=0.1)
+
+
+def test_load_sweeps_rates_with_theory() -> None:
+    """load prints one row per rate, and JSON with Little's law and the theory."""
+    output = run("load", "--rate", "4", "--rate", "12", "--horizon", "60", "--warmup", "5")
+    assert "lambda*W" in output
+    data = run_json(
+        "load", "--rate", "5", "--cpu", "0", "--theory", "--horizon", "60", "--warmup", "5"
+    )
+    assert isinstance(data, dict)
+    (point,) = data["points"]
+    assert point["L"] == pytest.approx(point["lambda_W"])
+    assert point["theory"]["shed_share"] >= 0.0
+
+
+def test_backpressure_compares_three_shapes(tmp_path: Path) -> None:
+    """backpressure prints the three admission shapes and writes its plot."""
+    output = run("backpressure", "--horizon", "30", "--plot", str(tmp_path / "b.png"))
+    for shape in ("no waiting room", "bounded waiting room", "unbounded, deadline"):
+        assert shape in output
+    data = run_json("backpressure", "--horizon", "30")
+    assert isinstance(data, dict)
+    assert data["unbounded, deadline"]["total"]["shed_total"] == 0
+
+
+def test_storm_reports_each_strategy() -> None:
+    """storm prints calls, peak, served and gave up for each retry strategy."""
+    output = run("storm", "--duration", "40")
+    assert "retry at once" in output
+    assert "backoff + full jitter" in output
+    data = run_json("storm", "--duration", "40")
+    assert isinstance(data, list)
+    assert [d["strategy"] for d in data] == ["naive", "backoff", "budget", "breaker"]
+
+
+def test_surge_sweeps_multipliers_and_shares(tmp_path: Path) -> None:
+    """surge prints a ladder per (multiplier, share) point; JSON has every rung."""
+    output = run(
+        "surge",
+        "--multiplier",
+        "2",
+        "--multiplier",
+        "5",
+        "--slots",
+        "2",
+        "--duration",
+        "30",
+        "--plot",
+        str(tmp_path / "s.png"),
+    )
+    assert output.count("priority_at_admission") == 2
+    assert (tmp_path / "s.png").exists()
+    data = run_json("surge", "--slots", "2", "--duration", "20", "--rung", "unbounded_fifo")
+    assert isinstance(data, dict)
+    (point,) = data["points"]
+    assert [r["rung"] for r in point["rungs"]] == ["unbounded_fifo"]
+
+
+def test_gameday_prints_outcomes_and_gated_steps(tmp_path: Path) -> None:
+    """gameday prints each strategy with the gate off and on, then the gated steps."""
+    output = run("gameday")
+    assert "canary, gate on: step by step" in output
+    assert "rollback" in output
+    scenario = tmp_path / "release.json"
+    scenario.write_text(
+        json.dumps(
+            {
+                "baseline": {"error_rate": 0.01},
+                "candidate": {"error_rate": 0.01},
+                "duration": 1800,
+            }
+        )
+    )
+    data = run_json("gameday", "--scenario", str(scenario))
+    assert isinstance(data, list)
+    # A candidate as good as the baseline is never rolled back; rolling needs more windows.
+    assert {d["outcome"] for d in data if d["gated"]} == {"completed", "held"}
+    assert all(d["rolled_back_at"] is None for d in data if d["gated"])
+
+
+def test_autoscale_compares_the_laws() -> None:
+    """autoscale prints both laws with direction changes and cold starts."""
+    args = ("--surge-start", "30", "--surge-end", "150", "--duration", "240", "--lead-time", "30")
+    output = run("autoscale", *args)
+    assert "proportional" in output
+    assert "damped" in output
+    data = run_json("autoscale", *args)
+    assert isinstance(data, list)
+    assert {d["law"] for d in data} == {"proportional", "damped"}
+
+
+def test_plan_sizes_the_fleet_and_the_bill() -> None:
+    """plan prints workers, utilisation and the monthly cost split."""
+    output = run("plan", "--no-check")
+    assert "workers" in output
+    assert "tokens per month" in output
+    data = run_json("plan", "--peak", "20", "--cpu", "0", "--io", "1", "--slots", "10")
+    assert isinstance(data, dict)
+    assert data["plan"]["workers"] == 5
+    assert set(data["simulated_peak"]) == {"planned fleet", "one worker lost"}
+
+
+def test_replay_compares_recorded_and_replayed_outcomes(tmp_path: Path) -> None:
+    """replay runs the sample log through the sample candidate, or given files."""
+    output = run("replay")
+    assert "What would have changed" in output
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps({"at": i, "latency": 0.5}) for i in range(20)))
+    config = tmp_path / "tidegate.yaml"
+    config.write_text("admission: {classes: [standard], slots: 2}\n")
+    data = run_json("replay", "--log", str(log), "--config", str(config))
+    assert isinstance(data, dict)
+    assert data["replayed"] == {"ok": 20}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("capacity", "--shape", "eight"),
+        ("load", "--io", "gamma:1"),
+        ("surge", "--rung", "lifo"),
+        ("storm", "--rate", "0"),
+        ("gameday", "--scenario", "/nonexistent/release.json"),
+        ("plan", "--peak", "0"),
+        ("replay", "--log", "/nonexistent/log.jsonl"),
+    ],
+)
+def test_bad_input_exits_with_a_message(args: tuple[str, ...]) -> None:
+    """A bad option exits with status 2 and a one-line reason on standard error."""
+    result = runner.invoke(lab_app, list(args))
+    assert result.exit_code == 2
+    assert "tidegate lab:" in result.stderr or "Error" in result.output
+
+
+def test_the_same_command_prints_the_same_output() -> None:
+    """A seeded command is repeatable, and another seed changes the numbers."""
+    args = ("surge", "--slots", "2", "--duration", "30", "--json")
+    assert run(*args, "--seed", "4") == run(*args, "--seed", "4")
+    assert run(*args, "--seed", "4") != run(*args, "--seed", "5")
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "lab.md"
+DOCUMENTED = re.compile(r"```console\n\$ tidegate lab (.+?)\n```\n\n```text\n(.*?)\n```", re.DOTALL)
+CHEAP = ("capacity", "backpressure", "storm", "gameday", "plan", "replay")
+
+
+def documented_runs() -> list[Any]:
+    runs = []
+    for command, output in DOCUMENTED.findall(DOC.read_text(encoding="utf-8")):
+        args = shlex.split(command.replace("\\\n", " "))
+        if args[0] in CHEAP:
+            runs.append(pytest.param(args, output, id=args[0]))
+    return runs
+
+
+@pytest.mark.parametrize(("args", "expected"), documented_runs())
+def test_the_documented_output_is_what_the_command_prints(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    """docs/lab.md shows what each cheap command really prints (plots go to a scratch file)."""
+    if "--plot" in args:
+        args[args.index("--plot") + 1] = str(tmp_path / "plot.png")
+    result = runner.invoke(lab_app, args, env={"COLUMNS": "118"})
+    assert result.exit_code == 0, result.output
+    printed = "\n".join(line.rstrip() for line in result.stdout.rstrip("\n").splitlines())
+    assert printed == expected
+
+
+def test_every_scenario_is_documented_with_a_plot() -> None:
+    """docs/lab.md runs every sub-command and links plots that exist."""
+    text = DOC.read_text(encoding="utf-8")
+    commands = {shlex.split(c)[0] for c, _ in DOCUMENTED.findall(text)}
+    assert commands >= {
+        "capacity",
+        "load",
+        "backpressure",
+        "storm",
+        "surge",
+        "gameday",
+        "autoscale",
+        "plan",
+        "replay",
+    }
+    images = re.findall(r"\]\((img/lab-[a-z]+\.png)\)", text)
+    assert len(images) >= 7
+    for image in images:
+        assert (DOC.parent / image).read_bytes().startswith(b"\x89PNG")

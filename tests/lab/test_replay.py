@@ -1,0 +1,200 @@
+"""Tests for replaying a recorded log through a candidate config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import tidegate.lab.replay as replay_module
+from tidegate.lab.replay import ReplayConfig, load_replay_config, replay_log, sample_log
+from tidegate.lab.workload import Trace, TraceRecord, load_trace
+from tidegate.policy.admission import AdmissionController, AdmissionOptions
+from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
+from tidegate.policy.retry import RetryPolicy
+
+
+def steady(n: int, *, outcome: str = "ok", gap: float = 1.0) -> list[TraceRecord]:
+    return [
+        TraceRecord(at=i * gap, klass="standard", latency=0.5, outcome=outcome) for i in range(n)
+    ]
+
+
+def config(**fields: object) -> ReplayConfig:
+    values: dict[str, object] = {
+        "admission": AdmissionOptions(classes=("critical", "standard"), slots=4, queue_cap=8),
+        "deadline": 10.0,
+        "per_try": 5.0,
+    }
+    values.update(fields)
+    return ReplayConfig(**values)  # type: ignore[arg-type]
+
+
+def _isort_order(name: str) -> tuple[int, str]:
+    """Constants first, then classes, then functions, as ruff's isort-style sort orders them."""
+    return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+
+def test_all_is_sorted_and_exported() -> None:
+    """The public API is an ``__all__`` sorted as ruff sorts it, whose every name exists."""
+    assert replay_module.__all__ == sorted(replay_module.__all__, key=_isort_order)
+    for name in replay_module.__all__:
+        assert hasattr(replay_module, name)
+
+
+def test_a_healthy_log_replays_unchanged() -> None:
+    """Requests that fit the candidate's slots are answered as they were, with one call each."""
+    result = replay_log(Trace(records=tuple(steady(50))), config())
+    assert result.recorded == {"ok": 50}
+    assert result.replayed == {"ok": 50}
+    assert result.changed == {}
+    assert result.calls == 50
+    assert result.retries == 0
+    assert result.replayed_p95 == pytest.approx(0.5)
+
+
+def test_a_burst_beyond_the_candidate_is_shed() -> None:
+    """Twenty requests at once against four slots and eight places: eight are refused."""
+    burst = tuple(TraceRecord(at=0.0, latency=1.0, klass="standard") for _ in range(20))
+    result = replay_log(
+        Trace(records=burst),
+        config(
+            admission=AdmissionOptions(
+                classes=("standard",), slots=4, queue_cap=8, mode="queue_cap"
+            )
+        ),
+    )
+    assert result.replayed == {"ok": 12, "shed": 8}
+    assert result.changed == {("ok", "shed"): 8}
+
+
+def test_a_breaker_turns_an_outage_into_fast_refusals() -> None:
+    """A long run of provider failures opens the candidate's breaker: later calls never start."""
+    records = steady(10) + [
+        TraceRecord(at=10.0 + i, latency=0.2, outcome="provider_server") for i in range(30)
+    ]
+    result = replay_log(
+        Trace(records=tuple(records)),
+        config(
+            breaker=BreakerOptions(consecutive_failures=3, recovery=100.0),
+            retry=RetryPolicy(attempts=1),
+        ),
+    )
+    assert result.replayed["circuit_open"] > 20
+    assert result.replayed["provider_error"] == 3
+    assert result.calls < len(records) - 20
+
+
+def test_retries_recover_a_blip_the_log_recorded_as_a_failure() -> None:
+    """A lone failure between successes is retried into an answer."""
+    records = [
+        *steady(5),
+        TraceRecord(at=5.0, latency=0.1, outcome="provider_timeout"),
+        *[TraceRecord(at=5.5 + i, latency=0.5) for i in range(5)],
+    ]
+    result = replay_log(
+        Trace(records=tuple(records)),
+        config(retry=RetryPolicy(attempts=3, base=0.5, cap=1.0)),
+    )
+    assert result.changed == {("provider_error", "ok"): 1}
+    assert result.retries >= 1
+    assert result.calls == len(records) + result.retries
+
+
+def test_unknown_classes_fall_to_the_lowest_class() -> None:
+    """A logged class the candidate does not know is replayed as its lowest class."""
+    records = (TraceRecord(at=0.0, klass="gold", latency=0.1),)
+    result = replay_log(Trace(records=records), config())
+    assert result.by_class == {"standard": {"ok": 1}}
+
+
+def test_the_replay_uses_the_policy_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission and the breaker are tidegate.policy's own classes, called for every request."""
+    seen: list[str] = []
+    for cls, method in ((AdmissionController, "offer"), (CircuitBreaker, "acquire")):
+        original = getattr(cls, method)
+
+        def spy(
+            self: object, *a: object, _o: object = original, _n: str = method, **k: object
+        ) -> object:
+            seen.append(_n)
+            return _o(self, *a, **k)  # type: ignore[operator]
+
+        monkeypatch.setattr(cls, method, spy)
+    replay_log(Trace(records=tuple(steady(3))), config())
+    assert seen.count("offer") == 3
+    assert seen.count("acquire") == 3
+
+
+def test_the_candidate_config_reads_the_gateway_keys(tmp_path: Path) -> None:
+    """admission, retry, breaker and the timeouts come from a tidegate YAML; the rest is ignored."""
+    path = tmp_path / "tidegate.yaml"
+    path.write_text(
+        """
+profile: production
+auth: {keys_file: /nowhere/keys}
+server: {request_timeout_s: 12}
+models:
+  chat: {providers: [a], per_try_timeout_s: 4}
+  fast: {providers: [a], per_try_timeout_s: 2}
+admission: {classes: [critical, standard], slots: 3, queue_cap: 5, dequeue: fifo}
+retry: {attempts: 2, base_s: 0.25, cap_s: 1, jitter: equal, budget_ratio: 0.2}
+breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
+""",
+        encoding="utf-8",
+    )
+    loaded = load_replay_config(path)
+    assert loaded.admission.classes == ("critical", "standard")
+    assert (loaded.admission.slots, loaded.admission.queue_cap) == (3, 5)
+    assert loaded.retry == RetryPolicy(attempts=2, base=0.25, cap=1.0, jitter="equal")  # type: ignore[arg-type]
+    assert loaded.budget_ratio == 0.2
+    assert loaded.breaker.consecutive_failures == 2
+    assert loaded.breaker.recovery == 9.0
+    assert (loaded.deadline, loaded.per_try) == (12.0, 2.0)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    defaults = load_replay_config(empty)
+    assert defaults.admission.queue_cap == 256
+    assert defaults.deadline == 60.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("admission: {slotz: 3}", "admission.slotz"),
+        ("retry: {tries: 3}", "retry.tries"),
+        ("breaker: [1]", "breaker must be a mapping"),
+        ("admission: {slots: 0}", "slots"),
+        ("[1, 2]", "top level"),
+        ("a: [", "not valid YAML"),
+    ],
+)
+def test_bad_candidate_configs_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    """Unknown keys, bad values and broken YAML are refused with the key in the message."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        load_replay_config(path)
+
+
+def test_the_sample_log_has_a_burst_and_an_outage(tmp_path: Path) -> None:
+    """The built-in sample shows steady traffic, a burst and provider errors, and round-trips."""
+    trace = sample_log(seed=0)
+    outcomes = {r.outcome for r in trace.records}
+    assert outcomes == {"ok", "provider_server"}
+    in_burst = sum(1 for r in trace.records if 240 <= r.at < 300)
+    assert in_burst > 2 * sum(1 for r in trace.records if 120 <= r.at < 180)
+    path = tmp_path / "log.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps({"at": r.at, "class": r.klass, "latency": r.latency, "outcome": r.outcome})
+            for r in trace.records
+        )
+    )
+    assert [r.at for r in load_trace(path).records] == [
+        r.at - trace.records[0].at for r in trace.records
+    ]
+    first = replay_log(trace, config(admission=AdmissionOptions(slots=12, queue_cap=24)))
+    assert first == replay_log(trace, config(admission=AdmissionOptions(slots=12, queue_cap=24)))
+    assert sum(first.replayed.values()) == first.requests == len(trace.records)
