@@ -27,7 +27,13 @@ from tidegate.gateway.http import (
 )
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
-from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime, refresh_flags
+from tidegate.gateway.runtime import (
+    Runtime,
+    build_runtime,
+    close_runtime,
+    refresh_flags,
+    refresh_verdicts,
+)
 
 __all__ = ["Gateway"]
 
@@ -40,6 +46,8 @@ POST_ROUTES: dict[str, Handler] = {
 }
 #: How often each replica reloads the shared flags: a kill switch reaches all within a second.
 FLAG_REFRESH_S = 0.25
+#: Eval-gate verdicts change rarely: reload them every 20 flag rounds (5 s).
+VERDICT_REFRESH_ROUNDS = 20
 
 
 class Gateway:
@@ -83,9 +91,13 @@ class Gateway:
 
     async def _refresh_flags_forever(self) -> None:
         assert self.runtime is not None
+        rounds = 0
         while True:
             await self.runtime.sleep(FLAG_REFRESH_S)
             await refresh_flags(self.runtime)
+            rounds += 1
+            if rounds % VERDICT_REFRESH_ROUNDS == 0:
+                refresh_verdicts(self.runtime)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

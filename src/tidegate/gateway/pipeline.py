@@ -256,7 +256,9 @@ async def reserve_budget(
 
 
 def plan_for(rt: Runtime, route: Route, identity: Identity) -> RoutePlan:
-    approved = {n for n, cfg in rt.provider_configs.items() if cfg.approved_fallback}
+    approved = {
+        n for n, cfg in rt.provider_configs.items() if cfg.approved_fallback and n not in rt.blocked
+    }
     open_breakers = {s.name for s in route.specs if not rt.breakers[s.name].would_admit()}
     return plan_route(
         route.specs, data_class=identity.data_class, approved=approved, open_breakers=open_breakers

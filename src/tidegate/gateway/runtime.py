@@ -37,6 +37,7 @@ from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
 from tidegate.policy.routing import FailoverOptions, ProviderSpec
 from tidegate.providers.base import Provider
 from tidegate.state.url import Stores, store_from_urls
+from tidegate.state.verdicts import read_latest_verdicts, verdict_store_for
 
 __all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "build_provider"]
 
@@ -172,6 +173,8 @@ class Runtime:
     output_filter: OutputFilter = field(default_factory=OutputFilter)
     admin_keys: AdminKeys | None = None
     fleet_flight: RedisSingleFlight | None = None
+    #: Providers whose latest eval-gate verdict is ``block``: never an automatic fallback.
+    blocked: frozenset[str] = frozenset()
     corpus: Corpus | None = None
     sleep: Callable[[float], Awaitable[None]] = SystemClock().asleep
     session: aiohttp.ClientSession | None = None
@@ -403,6 +406,7 @@ async def build_runtime(
 
         runtime.admin_keys = AdminKeys.from_file(resolve(config_dir, config.auth.admin_keys_file))
     await refresh_flags(runtime)
+    refresh_verdicts(runtime)
     runtime.refresh_breaker_metrics()
     return runtime
 
@@ -441,6 +445,17 @@ async def refresh_flags(runtime: Runtime) -> None:
         log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
         return
     runtime.flags.restore({"version": 1, "values": values, "history": []})
+
+
+def refresh_verdicts(runtime: Runtime) -> None:
+    """Reload the eval-gate verdicts (written by ``tidegate eval``); keep the last on failure."""
+    store = verdict_store_for(runtime.config.state.url, runtime.config_path.parent)
+    try:
+        latest = read_latest_verdicts(store)
+    except (ConfigError, StoreError) as exc:
+        log.warning("verdicts_unreadable", store=store, error=str(exc))
+        return
+    runtime.blocked = frozenset(t for t, v in latest.items() if v == "block")
 
 
 async def close_runtime(runtime: Runtime) -> None:

@@ -45,6 +45,13 @@ from tidegate.gateway.config import Config
 from tidegate.gateway.runtime import build_provider
 from tidegate.providers.base import JSONObject, Provider
 from tidegate.state.sqlite import SQLiteDatabase
+from tidegate.state.verdicts import (
+    TABLE,
+    VERDICTS_FILE,
+    read_json,
+    read_latest_verdicts,
+    verdict_store_for,
+)
 
 __all__ = [
     "SCHEMA_KEYWORDS",
@@ -72,7 +79,6 @@ __all__ = [
     "verdict_for",
 ]
 
-VERDICTS_FILE: Final = "eval-verdicts.json"
 
 #: The JSON-schema keywords :func:`schema_errors` understands (the annotations are ignored).
 SCHEMA_KEYWORDS: Final = frozenset(
@@ -487,36 +493,10 @@ async def evaluate(
 
 # --------------------------------------------------------------------------- verdict store
 
-_TABLE = """
-CREATE TABLE IF NOT EXISTS eval_verdicts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL, verdict TEXT NOT NULL,
-    details TEXT NOT NULL, at REAL NOT NULL)
-"""
-
 
 def default_verdict_store(config: Config, config_path: Path) -> str:
     """The gateway's SQLite state (``state.url``), or ``eval-verdicts.json`` beside the config."""
-    if config.state.url.startswith("sqlite:///"):
-        return config.state.url
-    return str(config_path.parent / VERDICTS_FILE)
-
-
-def _sqlite_path(url: str) -> str:
-    rest = url[len("sqlite://") :]
-    return rest[1:] if rest.startswith("/") else rest
-
-
-def _read_json(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the verdicts: {exc}") from exc
-    entries = data.get("verdicts") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ConfigError(f"{path}: expected {{'verdicts': [...]}}")
-    return [e for e in entries if isinstance(e, dict)]
+    return verdict_store_for(config.state.url, config_path.parent)
 
 
 def _check_store(store: str | Path) -> None:
@@ -544,7 +524,7 @@ def record_verdict(
         try:
 
             def work(conn: sqlite3.Connection) -> None:
-                conn.execute(_TABLE)
+                conn.execute(TABLE)
                 conn.execute(
                     "INSERT INTO eval_verdicts (target, verdict, details, at) VALUES (?, ?, ?, ?)",
                     (target, verdict.value, text, at),
@@ -555,7 +535,7 @@ def record_verdict(
             db.close()
         return
     path = Path(store)
-    entries = _read_json(path)
+    entries = read_json(path)
     entries.append({"target": target, "verdict": verdict.value, "details": dict(details), "at": at})
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
@@ -566,25 +546,4 @@ def record_verdict(
 def latest_verdicts(store: str | Path) -> dict[str, EvalVerdict]:
     """Each target's most recent verdict in ``store``; ``{}`` when nothing was recorded."""
     _check_store(store)
-    if str(store).startswith("sqlite:///"):
-        if not Path(_sqlite_path(str(store))).exists():
-            return {}
-        db = SQLiteDatabase.from_url(str(store))
-        try:
-
-            def work(conn: sqlite3.Connection) -> list[tuple[str, str]]:
-                conn.execute(_TABLE)
-                rows = conn.execute(
-                    "SELECT target, verdict FROM eval_verdicts WHERE id IN "
-                    "(SELECT MAX(id) FROM eval_verdicts GROUP BY target)"
-                ).fetchall()
-                return [(str(t), str(v)) for t, v in rows]
-
-            rows = db.run(work)
-        finally:
-            db.close()
-        return {target: EvalVerdict(verdict) for target, verdict in rows}
-    latest: dict[str, EvalVerdict] = {}
-    for entry in _read_json(Path(store)):
-        latest[str(entry.get("target"))] = EvalVerdict(str(entry.get("verdict")))
-    return latest
+    return {t: EvalVerdict(v) for t, v in read_latest_verdicts(store).items()}
