@@ -12,6 +12,8 @@ GET      /admin/audit[?flag=&limit=]       the audit history, newest first
 POST     /admin/kill-switch                ``{"mode": full|degraded|unavailable, "who", "why"}``
 GET      /admin/breakers                   each provider's breaker
 GET      /admin/admission                  queue depths, in-flight, refusals by class
+GET      /admin/rollouts[/{route}]         each canary's state, share and windows
+POST     /admin/rollouts/{route}/ACTION    start, pause, resume, abort, or evaluate now
 POST     /v1/actions                       ``{"kind", "payload", "ttl_s", "who"}``: propose
 GET      /v1/actions/{id}                  one action as it stands
 POST     /v1/actions/{id}/approve|reject   ``{"who"}``: decide it, exactly once
@@ -28,6 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -55,7 +58,9 @@ from tidegate.policy.flags import ANSWER_MODE, KillSwitchMode
 from tidegate.state.actions import ActionAlreadyDecided, ActionNotFound
 from tidegate.state.actions import ActionExpired as StoreActionExpired
 
-__all__ = ["AdminKeys", "handle_admin", "is_admin_path"]
+__all__ = ["AdminKeys", "handle_admin", "is_admin_path", "set_flag"]
+
+log = structlog.get_logger("tidegate")
 
 
 class _AdminKey(BaseModel):
@@ -134,6 +139,9 @@ async def handle_admin(rt: Runtime, scope: Scope, receive: Receive, send: Send) 
         await send_json(send, status, body)
     except TidegateError as error:
         await send_error(send, error)
+    except Exception as error:  # a bug: answer with the documented 500 body, log the details
+        log.exception("admin_internal_error", path=scope["path"])
+        await send_error(send, error)
 
 
 async def _route(
@@ -182,9 +190,31 @@ async def _route(
         return 200, {name: _plain(b.snapshot()) for name, b in sorted(rt.breakers.items())}
     if path == "/admin/admission" and method == "GET":
         return 200, _plain(rt.admission.controller.snapshot())
+    if parts[:2] == ["admin", "rollouts"]:
+        return await _rollouts(rt, method, parts[2:], body)
     if parts[:2] == ["v1", "actions"]:
         return await _actions(rt, method, parts[2:], body)
     raise NotFound(f"no admin route {method} {path}")
+
+
+async def _rollouts(rt: Runtime, method: str, rest: list[str], body: Any) -> tuple[int, Any]:
+    from tidegate.gateway.canary import control, take_step
+
+    if method == "GET" and not rest:
+        return 200, {alias: c.status(rt.flags) for alias, c in sorted(rt.canaries.items())}
+    if not rest or rest[0] not in rt.canaries:
+        raise NotFound(f"no rollout for route {rest[0] if rest else ''!r}")
+    alias = rest[0]
+    if method == "GET" and len(rest) == 1:
+        return 200, rt.canaries[alias].status(rt.flags)
+    if method == "POST" and len(rest) == 2:
+        data = await body()
+        who, why = _text(data, "who"), _text(data, "why")
+        if rest[1] == "evaluate":
+            return 200, await take_step(rt, alias, requested_by=who)
+        if rest[1] in ("start", "pause", "resume", "abort"):
+            return 200, await control(rt, alias, rest[1], who, why)
+    raise NotFound(f"no rollout action {method} {'/'.join(rest)}")
 
 
 async def set_flag(rt: Runtime, name: str, value: Any, who: str, why: str) -> dict[str, Any]:

@@ -68,6 +68,7 @@ class Gateway:
         self.git_sha = git_sha
         self._overrides = runtime_overrides
         self._refresher: asyncio.Task[None] | None = None
+        self._controller: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifespan
 
@@ -79,13 +80,17 @@ class Gateway:
             self.runtime = await build_runtime(
                 self.config, self.config_path, git_sha=self.git_sha, **self._overrides
             )
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_flags_forever())
+        loop = asyncio.get_running_loop()
+        self._refresher = loop.create_task(self._refresh_flags_forever())
+        if self.runtime.canaries:
+            self._controller = loop.create_task(self._control_rollouts_forever())
 
     async def shutdown(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+        for task in (self._refresher, self._controller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.runtime is not None:
             await close_runtime(self.runtime)
 
@@ -98,6 +103,21 @@ class Gateway:
             rounds += 1
             if rounds % VERDICT_REFRESH_ROUNDS == 0:
                 refresh_verdicts(self.runtime)
+
+    async def _control_rollouts_forever(self) -> None:
+        """The canary controller: judge every running rollout at its evaluation interval."""
+        from tidegate.gateway.canary import take_step
+
+        rt = self.runtime
+        assert rt is not None
+        every = min(c.config.evaluate_every_s for c in rt.canaries.values())
+        while True:
+            await rt.sleep(every)
+            for alias in rt.canaries:
+                try:
+                    await take_step(rt, alias)
+                except TidegateError as exc:  # a store blip: try again next round
+                    log.warning("rollout_step_failed", route=alias, error=exc.message)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

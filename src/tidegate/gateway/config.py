@@ -28,6 +28,7 @@ __all__ = [
     "BreakerConfig",
     "BudgetConfig",
     "CacheConfig",
+    "CanaryConfig",
     "Config",
     "DegradeConfig",
     "DegradedConfig",
@@ -45,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "StateConfig",
     "StreamConfig",
+    "VersionConfig",
     "load_config",
     "profile_problems",
 ]
@@ -118,10 +120,39 @@ class ProviderConfig(_Strict):
         return self
 
 
+class VersionConfig(_Strict):
+    """One version of a route: its providers, prompt template and parameters."""
+
+    providers: tuple[str, ...] | None = None
+    prompt_version: str = ""
+    system_prompt: str | None = None
+    params: dict[str, Any] = {}
+
+
+class CanaryConfig(_Strict):
+    salt: Annotated[str, Field(min_length=1)]
+    baseline: VersionConfig = VersionConfig()
+    candidate: VersionConfig
+    schedule: Annotated[tuple[Annotated[float, Field(gt=0, le=1)], ...], Field(min_length=1)] = (
+        0.05,
+        0.25,
+        0.5,
+        1.0,
+    )
+    evaluate_every_s: PositiveFloat = 60.0
+    min_requests: PositiveInt = 200
+    min_baseline_requests: PositiveInt = 200
+    error_margin: Annotated[float, Field(ge=0, le=1)] = 0.02
+    validation_margin: Annotated[float, Field(ge=0, le=1)] = 0.02
+    latency_ratio: Annotated[float, Field(ge=1)] = 1.2
+    cost_ratio: Annotated[float, Field(ge=1)] = 1.25
+
+
 class RouteConfig(_Strict):
     providers: Annotated[tuple[str, ...], Field(min_length=1)]
     per_try_timeout_s: PositiveFloat = 15.0
     description: str = ""
+    canary: CanaryConfig | None = None
 
 
 class RetryConfig(_Strict):
@@ -251,7 +282,11 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _routes_name_known_providers(self) -> Config:
         for alias, route in self.models.items():
-            for name in route.providers:
+            versions = (
+                [] if route.canary is None else [route.canary.baseline, route.canary.candidate]
+            )
+            extra = [n for v in versions for n in (v.providers or ())]
+            for name in (*route.providers, *extra):
                 if name not in self.providers:
                     raise ValueError(
                         f"models.{alias}.providers names {name!r}, which is not under providers"

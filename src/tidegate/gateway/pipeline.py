@@ -36,6 +36,7 @@ from tidegate.errors import (
     http_error,
 )
 from tidegate.gateway.auth import Identity
+from tidegate.gateway.canary import apply_version, validation_failed
 from tidegate.gateway.http import Send, send_bytes, start_stream
 from tidegate.gateway.runtime import Flight, Route, Runtime
 from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
@@ -95,6 +96,10 @@ class Exchange:
     first_token_s: float | None = None
     #: Set once the request is settling: a disconnect from then on cancels nothing.
     settling: bool = False
+    #: The canary version that served (``baseline`` or ``candidate``), when the route has one.
+    version: str = ""
+    #: A truncated answer, or not the JSON the request asked for (judged by the canary gate).
+    validation_failed: bool = False
 
     def tried_header(self) -> str:
         return describe_attempts(self.tried, self.skipped)
@@ -110,6 +115,8 @@ class Exchange:
             headers.append(("x-tidegate-cache", self.cache))
         if self.budget:
             headers.append(("x-tidegate-budget", self.budget))
+        if self.version:
+            headers.append(("x-tidegate-version", self.version))
         return headers
 
 
@@ -568,6 +575,20 @@ class Settlement:
                 log.warning("idempotency_settle_failed", request_id=ex.request_id, error=str(exc))
 
 
+def _record_canary(rt: Runtime, ex: Exchange, started: float) -> None:
+    """Count the request in its version's window (client errors are not the version's fault)."""
+    canary = rt.canaries.get(ex.route)
+    if canary is None or not ex.version or 400 <= ex.status < 500:
+        return
+    failed = ex.status >= 500 or ex.outcome.startswith(("degraded", "stream_incomplete"))
+    canary.windows[ex.version].record(
+        error=failed,
+        invalid=ex.validation_failed,
+        latency=rt.clock.now() - started,
+        cost=ex.cost,
+    )
+
+
 async def settle_shielded(settle: Settlement, ex: Exchange) -> None:
     """Run the settlement so that no cancellation can cut it short.
 
@@ -629,6 +650,8 @@ async def chat_completions(
     """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx."""
     settle = Settlement(rt, ex)
     started_stream = False
+    started = rt.clock.now()
+    canary = None
     try:
         validate_chat(body)
         identity = identify(rt, headers)
@@ -645,6 +668,13 @@ async def chat_completions(
             settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
         ex.route = alias
         route = rt.routes[alias]
+        canary = rt.canaries.get(alias)
+        if canary is not None:
+            # The end user (OpenAI's ``user`` field) when the caller names one, else the key's.
+            end_user = body.get("user") if isinstance(body.get("user"), str) else identity.user
+            ex.version, version = canary.version_for(rt.flags, identity.tenant, end_user)
+            body = apply_version(body, version)
+            route = rt.version_routes.get((alias, ex.version), route)
         stream = bool(body.get("stream"))
 
         idem_key = headers.get("idempotency-key")
@@ -671,7 +701,7 @@ async def chat_completions(
             settle.idempotency = (f"{identity.tenant}:{idem_key}", token)
 
         use_cache = rt.config.cache.enabled and not stream
-        key = cache_key(identity, alias, body) if use_cache else ""
+        key = cache_key(identity, f"{alias}@{ex.version}", body) if use_cache else ""
         if use_cache:
             cached = await _cache_get(rt, key)
             if cached is not None:
@@ -733,6 +763,8 @@ async def chat_completions(
                 send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
             )
     finally:
+        if (canary is not None and ex.status < 400) or ex.status >= 500:
+            _record_canary(rt, ex, started)
         await settle_shielded(settle, ex)
 
 
@@ -857,6 +889,10 @@ async def _lead(
         if isinstance(message.get("content"), str):
             message["content"] = rt.output_filter.clean(message["content"])
     ex.served_by, ex.served_model = spec.name, served_model
+    choice = (answer.get("choices") or [{}])[0]
+    ex.validation_failed = validation_failed(
+        body, choice.get("finish_reason"), str((choice.get("message") or {}).get("content") or "")
+    )
     ex.usage = _usage_of(answer, body, _text_chars(answer))
     answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
     ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
@@ -1042,7 +1078,8 @@ async def answer_degraded(
     source = ""
     if config.stale_cache and rt.config.cache.enabled:
         try:
-            entry = await rt.stores.cache.get(cache_key(identity, alias, body), allow_stale=True)
+            key = cache_key(identity, f"{alias}@{ex.version}", body)
+            entry = await rt.stores.cache.get(key, allow_stale=True)
         except StoreError:
             rt.metrics.store_errors.labels("cache", "fail_open").inc()
             entry = None

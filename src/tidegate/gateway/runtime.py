@@ -19,6 +19,7 @@ import structlog
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, DeadlineExceeded, StoreError
 from tidegate.gateway.auth import Identity, KeyRing
+from tidegate.gateway.canary import Canary, canary_flag_specs
 from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
 from tidegate.gateway.degraded import Corpus
 
@@ -173,6 +174,9 @@ class Runtime:
     output_filter: OutputFilter = field(default_factory=OutputFilter)
     admin_keys: AdminKeys | None = None
     fleet_flight: RedisSingleFlight | None = None
+    #: Canary rollouts by route alias, and the routes of versions with their own providers.
+    canaries: dict[str, Canary] = field(default_factory=dict)
+    version_routes: dict[tuple[str, str], Route] = field(default_factory=dict)
     #: Providers whose latest eval-gate verdict is ``block``: never an automatic fallback.
     blocked: frozenset[str] = frozenset()
     corpus: Corpus | None = None
@@ -300,7 +304,13 @@ async def build_runtime(
 ) -> Runtime:
     """Construct one process's runtime. Tests may pass their own clock, stores and providers."""
     check_config_against_policies(config)
-    specs = flag_specs(config)  # validate everything that can fail before opening anything
+    # Validate everything that can fail before opening anything.
+    specs = flag_specs(config) + canary_flag_specs(config)
+    canaries = {
+        alias: Canary.from_config(alias, route.canary)
+        for alias, route in config.models.items()
+        if route.canary is not None
+    }
     try:
         output_filter = OutputFilter(config.output.deny_patterns, config.output.replacement)
     except ValueError as exc:
@@ -335,20 +345,31 @@ async def build_runtime(
     breakers = {
         name: CircuitBreaker(name, breaker_options, clock=clock, rng=rng) for name in providers
     }
-    routes = {
-        alias: Route(
-            alias,
-            tuple(
-                ProviderSpec(
-                    name,
-                    frozenset(config.providers[name].data_classes),
-                    config.providers[name].context_window,
-                )
-                for name in route.providers
-            ),
-            route.per_try_timeout_s,
+
+    def route_of(alias: str, names: tuple[str, ...], per_try: float) -> Route:
+        specs = tuple(
+            ProviderSpec(
+                name,
+                frozenset(config.providers[name].data_classes),
+                config.providers[name].context_window,
+            )
+            for name in names
         )
+        return Route(alias, specs, per_try)
+
+    routes = {
+        alias: route_of(alias, route.providers, route.per_try_timeout_s)
         for alias, route in config.models.items()
+    }
+    version_routes = {
+        (alias, name): route_of(alias, version.providers, route.per_try_timeout_s)
+        for alias, route in config.models.items()
+        if route.canary is not None
+        for name, version in (
+            ("baseline", route.canary.baseline),
+            ("candidate", route.canary.candidate),
+        )
+        if version.providers
     }
     metrics = Metrics()
     corpus = None
@@ -388,6 +409,8 @@ async def build_runtime(
         prices=dict(config.prices),
         output_filter=output_filter,
         corpus=corpus,
+        canaries=canaries,
+        version_routes=version_routes,
         sleep=sleep if sleep is not None else getattr(clock, "asleep", system.asleep),
         session=session,
         git_sha=git_sha,
