@@ -671,7 +671,8 @@ async def chat_completions(
         canary = rt.canaries.get(alias)
         if canary is not None:
             # The end user (OpenAI's ``user`` field) when the caller names one, else the key's.
-            end_user = body.get("user") if isinstance(body.get("user"), str) else identity.user
+            named = body.get("user")
+            end_user = named if isinstance(named, str) and named else identity.user
             ex.version, version = canary.version_for(rt.flags, identity.tenant, end_user)
             body = apply_version(body, version)
             route = rt.version_routes.get((alias, ex.version), route)
