@@ -15,7 +15,7 @@ import hashlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -302,49 +302,31 @@ def _record_failure(rt: Runtime, ex: Exchange, spec: ProviderSpec, error: Provid
     rt.metrics.attempts.labels(spec.name, error.kind.value).inc()
 
 
-async def call_route(
+R = TypeVar("R")
+
+
+async def _failover(
     rt: Runtime,
     ex: Exchange,
     route: Route,
-    body: dict[str, Any],
     deadline: Deadline,
     plan: RoutePlan,
-) -> tuple[ProviderSpec, dict[str, Any]]:
-    """One non-streaming answer: retries on a provider, then failover down the plan."""
-    queue = list(plan.candidates)
+    attempt_on: Callable[[ProviderSpec], Callable[[float], Awaitable[R]]],
+    *,
+    only: ProviderSpec | None = None,
+) -> R:
+    """Try the plan's candidates in order: retries on one provider (the retry planner), then
+    failover as the routing rules allow. A candidate whose breaker opened meanwhile is skipped.
+    With ``only``, just that provider is tried.
+    """
+    queue = [only] if only is not None else list(plan.candidates)
     last: ProviderError | None = None
     retry_on = functools.partial(retry_same, options=rt.failover)
     while queue:
         spec = queue.pop(0)
-        provider = rt.providers[spec.name]
-        breaker = rt.breakers[spec.name]
-        upstream = {**body, "model": rt.provider_configs[spec.name].model}
-
-        async def attempt(
-            limit: float,
-            spec: ProviderSpec = spec,
-            provider: Any = provider,
-            breaker: Any = breaker,
-            upstream: dict[str, Any] = upstream,
-        ) -> dict[str, Any]:
-            permit = breaker.acquire(deadline_at=rt.clock.now() + limit)
-            try:
-                answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
-            except ProviderError as error:
-                _record_failure(rt, ex, spec, error)
-                permit.release() if error.kind in NOT_EVIDENCE else permit.failure()
-                raise
-            except BaseException:
-                permit.release()
-                raise
-            permit.success()
-            ex.tried.append((spec.name, None))
-            rt.metrics.attempts.labels(spec.name, "ok").inc()
-            return answer
-
         try:
-            answer = await acall_with_deadline(
-                attempt,
+            return await acall_with_deadline(
+                attempt_on(spec),
                 deadline,
                 rt.retry_policy,
                 per_try=route.per_try_timeout_s,
@@ -356,21 +338,63 @@ async def call_route(
             )
         except CircuitOpen:
             ex.tried.append((spec.name, SkipReason.BREAKER_OPEN))
-            continue
         except ProviderError as error:
             last = error
-            queue = list(next_candidates(plan, spec, error))
+            queue = [] if only is not None else list(next_candidates(plan, spec, error))
             if queue:
                 rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
-            continue
         finally:
             rt.refresh_breaker_metrics()
-        return spec, answer
     if last is not None:
         raise last
     raise CircuitOpen(
         "every candidate provider's breaker opened", policy="breaker", retry_after=1.0
     )
+
+
+def _failed(
+    rt: Runtime, ex: Exchange, spec: ProviderSpec, permit: Any, error: ProviderError
+) -> None:
+    """Record a failed attempt and end its permit: errors about the request say nothing of health."""
+    _record_failure(rt, ex, spec, error)
+    permit.release() if error.kind in NOT_EVIDENCE else permit.failure()
+
+
+async def call_route(
+    rt: Runtime,
+    ex: Exchange,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+) -> tuple[ProviderSpec, dict[str, Any]]:
+    """One non-streaming answer: retries on a provider, then failover down the plan."""
+
+    def attempt_on(
+        spec: ProviderSpec,
+    ) -> Callable[[float], Awaitable[tuple[ProviderSpec, dict[str, Any]]]]:
+        provider = rt.providers[spec.name]
+        breaker = rt.breakers[spec.name]
+        upstream = {**body, "model": rt.provider_configs[spec.name].model}
+
+        async def attempt(limit: float) -> tuple[ProviderSpec, dict[str, Any]]:
+            permit = breaker.acquire(deadline_at=rt.clock.now() + limit)
+            try:
+                answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
+            except ProviderError as error:
+                _failed(rt, ex, spec, permit, error)
+                raise
+            except BaseException:
+                permit.release()
+                raise
+            permit.success()
+            ex.tried.append((spec.name, None))
+            rt.metrics.attempts.labels(spec.name, "ok").inc()
+            return spec, answer
+
+        return attempt
+
+    return await _failover(rt, ex, route, deadline, plan, attempt_on)
 
 
 @dataclass
@@ -397,11 +421,8 @@ async def open_stream(
 
     With ``only``, just that provider is tried (with its retries): a rescue picks its own order.
     """
-    queue = [only] if only is not None else list(plan.candidates)
-    last: ProviderError | None = None
-    retry_on = functools.partial(retry_same, options=rt.failover)
-    while queue:
-        spec = queue.pop(0)
+
+    def attempt_on(spec: ProviderSpec) -> Callable[[float], Awaitable[OpenStream]]:
         provider = rt.providers[spec.name]
         breaker = rt.breakers[spec.name]
         pcfg = rt.provider_configs[spec.name]
@@ -412,14 +433,7 @@ async def open_stream(
             "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
         }
 
-        async def attempt(
-            limit: float,
-            spec: ProviderSpec = spec,
-            provider: Any = provider,
-            breaker: Any = breaker,
-            upstream: dict[str, Any] = upstream,
-            pcfg: Any = pcfg,
-        ) -> OpenStream:
+        async def attempt(limit: float) -> OpenStream:
             first_timeout = min(limit, pcfg.stream.first_token_timeout_s)
             permit = breaker.acquire(deadline_at=rt.clock.now() + first_timeout)
             items = provider.stream(
@@ -438,8 +452,7 @@ async def open_stream(
                     elif isinstance(item, StreamEnd):
                         break
             except ProviderError as error:
-                _record_failure(rt, ex, spec, error)
-                permit.release() if error.kind in NOT_EVIDENCE else permit.failure()
+                _failed(rt, ex, spec, permit, error)
                 await _close(items)
                 raise
             except BaseException:
@@ -448,35 +461,9 @@ async def open_stream(
                 raise
             return OpenStream(spec, items, first, permit)
 
-        try:
-            opened: OpenStream = await acall_with_deadline(
-                attempt,
-                deadline,
-                rt.retry_policy,
-                per_try=route.per_try_timeout_s,
-                sleep=rt.sleep,
-                rng=rt.rng,
-                budget=rt.retry_budget,
-                retry_on=retry_on,
-                on_event=_on_retry_event(rt, spec.name),
-            )
-        except CircuitOpen:
-            ex.tried.append((spec.name, SkipReason.BREAKER_OPEN))
-            continue
-        except ProviderError as error:
-            last = error
-            queue = [] if only is not None else list(next_candidates(plan, spec, error))
-            if queue:
-                rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
-            continue
-        finally:
-            rt.refresh_breaker_metrics()
-        return opened
-    if last is not None:
-        raise last
-    raise CircuitOpen(
-        "every candidate provider's breaker opened", policy="breaker", retry_after=1.0
-    )
+        return attempt
+
+    return await _failover(rt, ex, route, deadline, plan, attempt_on, only=only)
 
 
 def _has_content(chunk: Mapping[str, Any]) -> bool:

@@ -30,6 +30,7 @@ import structlog
 
 from tidegate.errors import ProviderError, ProviderErrorKind, error_body
 from tidegate.gateway.http import Send, start_stream
+from tidegate.gateway.pipeline import NOT_EVIDENCE
 from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
 
 if TYPE_CHECKING:
@@ -41,15 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["StreamWriter", "relay"]
 
 log = structlog.get_logger("tidegate")
-
-NOT_EVIDENCE = frozenset(
-    {
-        ProviderErrorKind.BAD_REQUEST,
-        ProviderErrorKind.CONTEXT_LENGTH,
-        ProviderErrorKind.CONTENT_FILTER,
-        ProviderErrorKind.CANCELLED,
-    }
-)
 
 
 def sse(data: bytes) -> bytes:
