@@ -57,8 +57,10 @@ def fake_upstream(
 def _mount() -> None:
     """Attach the sub-commands that live beside their code."""
     from tidegate.lab.cli import lab_app
+    from tidegate.ops.admin_client import admin_app
     from tidegate.ops.cli import check_app, eval_command
     from tidegate.ops.loadtest import loadtest_command
+    from tidegate.ops.readiness import readiness_command
 
     app.add_typer(check_app, name="check", help="Offline checks: environments, timeouts, rollback.")
     app.add_typer(
@@ -66,6 +68,8 @@ def _mount() -> None:
     )
     app.command("eval")(eval_command)
     app.command("loadtest")(loadtest_command)
+    app.command("readiness")(readiness_command)
+    app.add_typer(admin_app, name="admin", help="Talk to a running gateway's admin API.")
 
 
 _mount()

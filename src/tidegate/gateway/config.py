@@ -52,9 +52,11 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TIDEGATE_"
-#: TIDEGATE_* variables that are not config overrides: the config path for worker processes,
-#: and the git sha the image build bakes in (served at /version).
-NOT_OVERRIDES = frozenset({"TIDEGATE_CONFIG", "TIDEGATE_GIT_SHA"})
+#: TIDEGATE_* variables that are not config overrides: the config path for worker processes, the
+#: git sha the image build bakes in (served at /version), and the admin client's settings.
+NOT_OVERRIDES = frozenset(
+    {"TIDEGATE_CONFIG", "TIDEGATE_GIT_SHA", "TIDEGATE_ADMIN_URL", "TIDEGATE_ADMIN_KEY_FILE"}
+)
 SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "password", "secret", "token", "keys"})
 
 PositiveFloat = Annotated[float, Field(gt=0)]

@@ -131,7 +131,13 @@ def build_provider(
     """One provider instance from its config section."""
     api_key = None
     if cfg.api_key_file is not None:
-        api_key = resolve(config_path, cfg.api_key_file).read_text(encoding="utf-8").strip()
+        path = resolve(config_path, cfg.api_key_file)
+        try:
+            api_key = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"providers.{name}.api_key_file: cannot read {str(path)!r} ({exc.strerror})"
+            ) from None
     if cfg.type == "openai":
         from tidegate.providers.openai import OpenAIProvider
 
