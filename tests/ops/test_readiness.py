@@ -16,7 +16,7 @@ from typer.testing import CliRunner, Result
 
 import tidegate.ops.readiness as readiness_module
 from tests.ops.conftest import FIXTURES
-from tidegate.gateway.config import Config
+from tidegate.gateway.config import Config, load_config
 from tidegate.ops.eval import EvalVerdict, record_verdict
 from tidegate.ops.findings import Severity
 from tidegate.ops.readiness import (
@@ -623,11 +623,19 @@ def test_a_candidate_the_gate_never_rolls_back_fails(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- rollback plan
 
 
-def test_the_shipped_plan_passes_and_warns_about_an_undefined_flag() -> None:
-    """Every RBK rule holds; the prompt step names a flag production does not define (RDY001)."""
+def test_the_shipped_plan_passes_without_findings() -> None:
+    """Every RBK rule holds, and production defines the prompt.version flag the plan sets."""
     result = check_rollback_plan(ROLLBACK, production())
     assert result.status is Status.OK, result.details
     assert result.summary.startswith("5 units")
+    assert result.details == ()
+
+
+def test_a_step_setting_an_undefined_flag_is_warned_about(tmp_path: Path) -> None:
+    """Without prompt.version under flags, the plan's prompt step draws RDY001."""
+    path = write_config(tmp_path, small_config())
+    result = check_rollback_plan(ROLLBACK, load_config(path, env={}))
+    assert result.status is Status.OK
     assert [line.split()[1] for line in result.details] == ["RDY001"]
     assert "'prompt.version'" in result.details[0]
 
