@@ -225,6 +225,7 @@ class AdmissionConfig(_Strict):
 class IdempotencyConfig(_Strict):
     ttl_s: PositiveFloat = 86_400.0
     wait_s: NonNegFloat = 5.0
+    lease_margin_s: PositiveFloat = 5.0
 
 
 class CacheConfig(_Strict):

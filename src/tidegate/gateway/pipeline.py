@@ -32,7 +32,6 @@ from tidegate.errors import (
     RateLimited,
     StoreError,
     Unavailable,
-    error_body,
     http_error,
 )
 from tidegate.gateway.auth import Identity
@@ -601,7 +600,11 @@ async def _claim_idempotency(
     while True:
         try:
             claim = await rt.stores.idempotency.claim(
-                scoped, fingerprint, lease_s=rt.config.server.request_timeout_s + 30.0
+                scoped,
+                fingerprint,
+                # A claim outlives the request it guards by a margin; a replica that died while
+                # holding it blocks the key no longer than that.
+                lease_s=rt.config.server.request_timeout_s + rt.config.idempotency.lease_margin_s,
             )
         except StoreError:
             rt.metrics.store_errors.labels("idempotency", "fail_closed").inc()
@@ -732,8 +735,8 @@ async def chat_completions(
         raise
     except Exception as error:
         status, err_body, extra = http_error(error)
-        ex.outcome, ex.status = error_body(error)["error"]["code"], status  # type: ignore[assignment]
-        if status >= 500 and not isinstance(error, ProviderError) and status == 500:
+        ex.outcome, ex.status = str(err_body["error"]["code"]), status
+        if status == 500:  # not an error tidegate raised on purpose: a bug worth its traceback
             log.exception("internal_error", request_id=ex.request_id)
         if isinstance(error, RateLimited):
             extra.update(getattr(error, "headers", {}))
@@ -751,7 +754,7 @@ async def chat_completions(
                 send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
             )
     finally:
-        if (canary is not None and ex.status < 400) or ex.status >= 500:
+        if canary is not None:
             _record_canary(rt, ex, started)
         await settle_shielded(settle, ex)
 

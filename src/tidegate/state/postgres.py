@@ -34,7 +34,7 @@ import math
 import re
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
@@ -145,6 +145,12 @@ _DRIVER_ERRORS = (psycopg.Error, OSError, TimeoutError)
 _NOW = "COALESCE(%(now)s::float8, extract(epoch FROM now())::float8)"
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    """Retrieve an abandoned task's outcome so that it is not reported as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _lock_key(schema: str) -> int:
@@ -285,32 +291,55 @@ class PostgresDatabase:
 
     @asynccontextmanager
     async def transaction(self, what: str) -> AsyncIterator[Connection]:
-        """A pooled connection inside one transaction, all within the timeout."""
+        """A pooled connection inside one transaction (no time limit: see :meth:`run`)."""
         try:
-            async with (
-                asyncio.timeout(self.timeout_s),
-                self._pool.connection() as conn,
-                conn.transaction(),
-            ):
+            async with self._pool.connection() as conn, conn.transaction():
                 yield conn
+        except _DRIVER_ERRORS as exc:
+            raise self._error(what, exc) from exc
+
+    async def _bounded(self, what: str, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """``work()`` within ``timeout_s``, returning at the limit even if Postgres never answers.
+
+        Cancelling a query in flight makes psycopg ask the server to cancel it and wait for that
+        (seconds, against a stalled server), so the work runs as a task that is cancelled and left
+        to finish on its own: the caller gets its ``StoreError`` at the limit.
+        """
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(work())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            task.add_done_callback(_forget)
+            raise
+        if not done:
+            task.cancel()
+            task.add_done_callback(_forget)
+            raise self._error(what, TimeoutError())
+        try:
+            return task.result()
         except _DRIVER_ERRORS as exc:
             raise self._error(what, exc) from exc
 
     async def run(self, what: str, work: Callable[[Connection], Awaitable[T]]) -> T:
         """Run ``work`` in one transaction within the timeout; driver failures as ``StoreError``."""
-        async with self.transaction(what) as conn:
-            return await work(conn)
+
+        async def in_transaction() -> T:
+            async with self._pool.connection() as conn, conn.transaction():
+                return await work(conn)
+
+        return await self._bounded(what, in_transaction)
 
     async def _statement(
         self, what: str, query: str, params: dict[str, Any] | tuple[Any, ...]
     ) -> tuple[list[tuple[Any, ...]], int]:
-        try:
-            async with asyncio.timeout(self.timeout_s), self._pool.connection() as conn:
+        async def one() -> tuple[list[tuple[Any, ...]], int]:
+            async with self._pool.connection() as conn:
                 cursor = await conn.execute(query.encode(), params)
                 rows = await cursor.fetchall() if cursor.description is not None else []
                 return rows, cursor.rowcount
-        except _DRIVER_ERRORS as exc:
-            raise self._error(what, exc) from exc
+
+        return await self._bounded(what, one)
 
     async def fetch(
         self, what: str, query: str, params: dict[str, Any] | tuple[Any, ...] = ()
