@@ -34,6 +34,7 @@ from tidegate.gateway.runtime import (
     refresh_flags,
     refresh_verdicts,
 )
+from tidegate.state.notify import WatchableFlagStore
 
 __all__ = ["Gateway"]
 
@@ -95,14 +96,38 @@ class Gateway:
             await close_runtime(self.runtime)
 
     async def _refresh_flags_forever(self) -> None:
-        assert self.runtime is not None
+        """Reload the shared flags: at once on a store's change notice, and on a short timer
+        (notices are a hint: one sent while the subscription was down is never delivered)."""
+        rt = self.runtime
+        assert rt is not None
+        if isinstance(rt.stores.flags, WatchableFlagStore):
+            await self._follow_flag_notices(rt, rt.stores.flags)
+            return
         rounds = 0
         while True:
-            await self.runtime.sleep(FLAG_REFRESH_S)
-            await refresh_flags(self.runtime)
+            await rt.sleep(FLAG_REFRESH_S)
+            await refresh_flags(rt)
             rounds += 1
             if rounds % VERDICT_REFRESH_ROUNDS == 0:
-                refresh_verdicts(self.runtime)
+                refresh_verdicts(rt)
+
+    @staticmethod
+    async def _follow_flag_notices(rt: Runtime, flags: WatchableFlagStore) -> None:
+        rounds = 0
+        while True:
+            try:
+                async with flags.watch() as changes:
+                    await refresh_flags(rt)  # what changed while not subscribed
+                    while True:
+                        await changes.next(FLAG_REFRESH_S)
+                        await refresh_flags(rt)
+                        rounds += 1
+                        if rounds % VERDICT_REFRESH_ROUNDS == 0:
+                            refresh_verdicts(rt)
+            except Exception as exc:  # the subscription broke: poll once, then subscribe again
+                log.warning("flag_notices_lost", error=str(exc))
+                await rt.sleep(FLAG_REFRESH_S)
+                await refresh_flags(rt)
 
     async def _control_rollouts_forever(self) -> None:
         """The canary controller: judge every running rollout at its evaluation interval."""

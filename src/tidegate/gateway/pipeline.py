@@ -325,7 +325,7 @@ async def _failover(
         spec = queue.pop(0)
         try:
             return await acall_with_deadline(
-                attempt_on(spec),
+                _fleet_budgeted(rt, attempt_on(spec)),
                 deadline,
                 rt.retry_policy,
                 per_try=route.per_try_timeout_s,
@@ -338,7 +338,7 @@ async def _failover(
         except CircuitOpen:
             ex.tried.append((spec.name, SkipReason.BREAKER_OPEN))
         except ProviderError as error:
-            last = error
+            last = error.original if isinstance(error, _FleetBudgetSpent) else error
             queue = [] if only is not None else list(next_candidates(plan, spec, error))
             if queue:
                 rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
@@ -349,6 +349,57 @@ async def _failover(
     raise CircuitOpen(
         "every candidate provider's breaker opened", policy="breaker", retry_after=1.0
     )
+
+
+class _FleetBudgetSpent(ProviderError):
+    """Stops the retries on one provider; the caller is told the provider's own error."""
+
+    def __init__(self, original: ProviderError) -> None:
+        super().__init__(
+            original.kind,
+            original.message,
+            provider=original.provider,
+            retryable=False,
+            retry_after=original.retry_after,
+            status=original.status,
+        )
+        self.original = original
+
+
+def _fleet_budgeted(
+    rt: Runtime, attempt: Callable[[float], Awaitable[R]]
+) -> Callable[[float], Awaitable[R]]:
+    """With a Redis store, a retry needs the fleet's retry budget too, not only this process's.
+
+    The planner asks the local budget before every retry; this wrapper then asks the budget
+    shared by every replica. A refusal ends the retries on this provider as if the error could
+    not be retried (failover still applies).
+    """
+    fleet = rt.fleet_retry_budget
+    if fleet is None:
+        return attempt
+    tries = 0
+    last: ProviderError | None = None
+
+    async def budgeted(limit: float) -> R:
+        nonlocal tries, last
+        tries += 1
+        try:
+            if tries == 1:
+                await fleet.record_first_try()
+            elif not await fleet.try_spend():
+                rt.metrics.retry_budget_denials.inc()
+                assert last is not None
+                raise _FleetBudgetSpent(last)
+        except StoreError:
+            rt.metrics.store_errors.labels("retry_budget", "fail_open").inc()
+        try:
+            return await attempt(limit)
+        except ProviderError as error:
+            last = error
+            raise
+
+    return budgeted
 
 
 def _failed(

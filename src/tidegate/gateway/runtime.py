@@ -25,7 +25,7 @@ from tidegate.gateway.degraded import Corpus
 
 if TYPE_CHECKING:
     from tidegate.gateway.admin import AdminKeys
-    from tidegate.state.redis import RedisSingleFlight
+    from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
@@ -180,6 +180,7 @@ class Runtime:
     output_filter: OutputFilter = field(default_factory=OutputFilter)
     admin_keys: AdminKeys | None = None
     fleet_flight: RedisSingleFlight | None = None
+    fleet_retry_budget: RedisRetryBudgetCounter | None = None
     #: Canary rollouts by route alias, and the routes of versions with their own providers.
     canaries: dict[str, Canary] = field(default_factory=dict)
     version_routes: dict[tuple[str, str], Route] = field(default_factory=dict)
@@ -422,8 +423,15 @@ async def build_runtime(
         git_sha=git_sha,
     )
     if stores.redis is not None:
-        from tidegate.state.redis import RedisSingleFlight
+        from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
 
+        # Retries across the fleet stay within one shared budget, beside each process's own.
+        runtime.fleet_retry_budget = RedisRetryBudgetCounter(
+            stores.redis,
+            "gateway",
+            ratio=config.retry.budget_ratio,
+            min_retries_per_second=config.retry.budget_floor_per_s,
+        )
         # Identical requests on different replicas share one upstream call, through Redis.
         runtime.fleet_flight = RedisSingleFlight(
             stores.redis,
