@@ -16,8 +16,11 @@ from tidegate.errors import (
 
 
 def _leaf_classes(base: type[TidegateError]) -> list[type[TidegateError]]:
+    """The leaves of the tree drawn in tidegate.errors (not private helpers built on it)."""
     leaves = []
     for sub in base.__subclasses__():
+        if sub.__module__ != errors.__name__:
+            continue
         leaves.extend(_leaf_classes(sub) or [sub])
     return leaves
 
