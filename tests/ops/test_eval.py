@@ -344,3 +344,61 @@ def test_the_default_store_follows_the_state_url(tmp_path: Path) -> None:
         update={"state": config.state.model_copy(update={"url": "postgresql://db/x"})}
     )
     assert default_verdict_store(shared, config_path) == str(EVAL / VERDICTS_FILE)
+
+
+def test_a_canary_version_is_a_target(tmp_path: Path) -> None:
+    """ALIAS@candidate runs on the candidate's provider with its system prompt and parameters."""
+    import asyncio
+
+    import yaml
+
+    from tidegate.gateway.config import load_config
+    from tidegate.ops.eval import EvalVerdict, evaluate, parse_suite, resolve_target
+
+    config_path = tmp_path / "tidegate.yaml"
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "state": {"url": "memory://"},
+                "providers": {
+                    "old": {"type": "fake", "model": "m-old", "fake": {"text": "old answer"}},
+                    "new": {"type": "fake", "model": "m-new", "fake": {"text": "new answer"}},
+                },
+                "models": {
+                    "chat": {
+                        "providers": ["old"],
+                        "canary": {
+                            "salt": "s",
+                            "candidate": {
+                                "providers": ["new"],
+                                "system_prompt": "be brief",
+                                "params": {"temperature": 0},
+                            },
+                        },
+                    }
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
+    config = load_config(config_path, env={})
+    name, prepare = resolve_target(config, config_path, "chat@candidate")
+    assert name == "new"
+    assert prepare is not None
+    shaped = prepare({"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+    assert shaped["messages"][0] == {"role": "system", "content": "be brief"}
+    assert shaped["temperature"] == 0
+    assert resolve_target(config, config_path, "chat@baseline")[0] == "old"
+    suite = parse_suite(
+        '{"id": "c1", "messages": [{"role": "user", "content": "hi"}], "checks": [{"contains": "new"}]}'
+    )
+    assert (
+        asyncio.run(evaluate(config, config_path, "chat@candidate", suite)).verdict
+        is EvalVerdict.GO
+    )
+    assert (
+        asyncio.run(evaluate(config, config_path, "chat@baseline", suite)).verdict
+        is EvalVerdict.BLOCK
+    )
+    with pytest.raises(ConfigError, match="is not a version"):
+        resolve_target(config, config_path, "chat@nightly")

@@ -121,7 +121,9 @@ class FailOn(StrEnum):
 
 def eval_command(
     suite: Annotated[Path, typer.Option("--suite", help="The golden suite (JSON Lines).")],
-    target: Annotated[str, typer.Option("--target", help="A provider name under providers.")],
+    target: Annotated[
+        str, typer.Option("--target", help="A provider name, or ALIAS@baseline | ALIAS@candidate.")
+    ],
     config: Annotated[Path, typer.Option("--config", "-c", help="The gateway's YAML config.")],
     go_at: Annotated[float, typer.Option(help="A pass rate at or above this is go.")] = 0.95,
     block_below: Annotated[float, typer.Option(help="A pass rate below this is block.")] = 0.8,

@@ -26,12 +26,13 @@ to providers whose latest verdict is not ``block``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import re
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -41,6 +42,7 @@ import aiohttp
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, ProviderError
+from tidegate.gateway.canary import apply_version
 from tidegate.gateway.config import Config
 from tidegate.gateway.runtime import build_provider
 from tidegate.providers.base import JSONObject, Provider
@@ -74,6 +76,7 @@ __all__ = [
     "load_suite",
     "parse_suite",
     "record_verdict",
+    "resolve_target",
     "run_suite",
     "schema_errors",
     "verdict_for",
@@ -439,11 +442,17 @@ async def run_suite(
     target: str,
     timeout_s: float = 30.0,
     thresholds: EvalThresholds | None = None,
+    prepare: Callable[[JSONObject], JSONObject] | None = None,
 ) -> EvalReport:
-    """Ask ``provider`` (as model id ``model``) every case in turn and score the answers."""
+    """Ask ``provider`` (as model id ``model``) every case in turn and score the answers.
+
+    ``prepare`` turns each request into what a route version sends (its prompt and parameters).
+    """
     results: list[CaseResult] = []
     for case in cases:
         body: JSONObject = {**case.params, "model": model, "messages": list(case.messages)}
+        if prepare is not None:
+            body = {**prepare(body), "model": model}
         try:
             completion = await provider.complete(body, timeout=timeout_s)
         except ProviderError as error:
@@ -460,6 +469,33 @@ async def run_suite(
     return EvalReport(target, tuple(results), thresholds or EvalThresholds())
 
 
+def resolve_target(
+    config: Config, config_path: Path, target: str
+) -> tuple[str, Callable[[JSONObject], JSONObject] | None]:
+    """The provider a target names, and how to shape requests for it.
+
+    A target is a provider name, or ``ALIAS@baseline`` / ``ALIAS@candidate``: a route's canary
+    version (its first provider, its system prompt and its parameters).
+    """
+    if "@" not in target:
+        if target not in config.providers:
+            known = ", ".join(sorted(config.providers))
+            raise ConfigError(
+                f"{config_path}: no provider {target!r} under providers (known: {known})"
+            )
+        return target, None
+    alias, _, version_name = target.partition("@")
+    route = config.models.get(alias)
+    if route is None or route.canary is None or version_name not in ("baseline", "candidate"):
+        raise ConfigError(
+            f"{config_path}: {target!r} is not a version: use ALIAS@baseline or ALIAS@candidate "
+            "of a route with a canary section"
+        )
+    version = route.canary.candidate if version_name == "candidate" else route.canary.baseline
+    provider = (version.providers or route.providers)[0]
+    return provider, functools.partial(apply_version, version=version)
+
+
 async def evaluate(
     config: Config,
     config_path: Path,
@@ -469,14 +505,12 @@ async def evaluate(
     timeout_s: float = 30.0,
     thresholds: EvalThresholds | None = None,
 ) -> EvalReport:
-    """Build provider ``target`` as the gateway does (:func:`build_provider`) and run the suite."""
-    if target not in config.providers:
-        known = ", ".join(sorted(config.providers))
-        raise ConfigError(f"{config_path}: no provider {target!r} under providers (known: {known})")
-    cfg = config.providers[target]
+    """Build the target's provider as the gateway does (:func:`build_provider`) and run the suite."""
+    name, prepare = resolve_target(config, config_path, target)
+    cfg = config.providers[name]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         provider = build_provider(
-            target, cfg, session=session, config_path=config_path, clock=SystemClock()
+            name, cfg, session=session, config_path=config_path, clock=SystemClock()
         )
         try:
             return await run_suite(
@@ -486,6 +520,7 @@ async def evaluate(
                 target=target,
                 timeout_s=timeout_s,
                 thresholds=thresholds,
+                prepare=prepare,
             )
         finally:
             await provider.aclose()
