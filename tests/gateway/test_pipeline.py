@@ -344,3 +344,22 @@ async def test_open_breaker_is_reported_but_does_not_unready(gateway_client: App
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json()["breakers"] == {"p": "open"}
+
+
+async def test_data_class_keeps_requests_away_from_providers_not_cleared_for_it(
+    gateway_client: AppFactory,
+) -> None:
+    """An internal caller is never sent to a public-only provider: skipped, or 403 if none is left."""
+    public_only = {**fake("public", model="m-pub"), "data_classes": ["public"]}
+    config = {
+        "providers": {"pub": public_only, "int": fake("internal", model="m-int")},
+        "models": {"chat": {"providers": ["pub", "int"]}, "solo": {"providers": ["pub"]}},
+    }
+    async with gateway_client(config) as (client, app):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.headers["x-tidegate-served-by"] == "int"
+        assert response.headers["x-tidegate-tried"] == "int=ok, pub=skipped:data_class"
+        refused = await client.post("/v1/chat/completions", json={**CHAT, "model": "solo"})
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "forbidden"
+        assert app.runtime.providers["pub"].attempts == []
