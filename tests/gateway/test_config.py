@@ -170,6 +170,7 @@ def test_every_config_key_is_documented() -> None:
         "cache",
         "degraded",
         "output",
+        "tracing",
         "logging",
         "providers.<name>.stream",
         "rate_limits.per_user",

@@ -209,6 +209,7 @@ class Gateway:
     async def _model_call(
         self, rt: Runtime, handler: Handler, scope: Scope, receive: Receive, send: Send
     ) -> None:
+        path: str = scope["path"]
         headers = request_headers(scope)
         ex = Exchange(request_id=new_request_id(headers))
         started = rt.clock.now()
@@ -224,7 +225,20 @@ class Gateway:
                 ex.status = await send_error(send, error, [("x-request-id", ex.request_id)])
                 ex.outcome = error.code
                 return
-            await self._run_watching_disconnect(rt, handler, ex, headers, body, receive, send)
+            with rt.tracing.span(
+                "tidegate.request", **{"tidegate.request_id": ex.request_id, "url.path": path}
+            ) as span:
+                await self._run_watching_disconnect(rt, handler, ex, headers, body, receive, send)
+                if span is not None:
+                    span.set_attributes(
+                        {
+                            "tidegate.route": ex.route,
+                            "tidegate.served_by": ex.served_by,
+                            "tidegate.tried": ex.tried_header(),
+                            "tidegate.outcome": ex.outcome,
+                            "http.response.status_code": ex.status,
+                        }
+                    )
         finally:
             rt.in_flight -= 1
             rt.metrics.in_flight.set(rt.in_flight)

@@ -46,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "StateConfig",
     "StreamConfig",
+    "TracingConfig",
     "VersionConfig",
     "load_config",
     "profile_problems",
@@ -248,6 +249,14 @@ class OutputConfig(_Strict):
     replacement: str = "[redacted]"
 
 
+class TracingConfig(_Strict):
+    enabled: bool = False
+    exporter: Literal["otlp", "console"] = "otlp"
+    endpoint: str | None = None
+    service_name: str = "tidegate"
+    sample_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0
+
+
 class LoggingConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -279,6 +288,7 @@ class Config(_Strict):
     degraded: DegradedConfig = DegradedConfig()
     output: OutputConfig = OutputConfig()
     logging: LoggingConfig = LoggingConfig()
+    tracing: TracingConfig = TracingConfig()
     flags: tuple[FlagConfig, ...] = ()
     default_data_class: str = "internal"
 

@@ -430,7 +430,8 @@ async def call_route(
         async def attempt(limit: float) -> tuple[ProviderSpec, dict[str, Any]]:
             permit = breaker.acquire(deadline_at=rt.clock.now() + limit)
             try:
-                answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
+                with rt.tracing.span("tidegate.attempt", **{"tidegate.provider": spec.name}):
+                    answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
             except ProviderError as error:
                 _failed(rt, ex, spec, permit, error)
                 raise
@@ -493,14 +494,10 @@ async def open_stream(
                 total_timeout=min(deadline.remaining(), pcfg.stream.max_duration_s),
             )
             first: list[dict[str, Any]] = []
+            span = rt.tracing.span("tidegate.attempt", **{"tidegate.provider": spec.name})
             try:
-                async for item in items:
-                    if isinstance(item, dict):
-                        first.append(item)
-                        if _has_content(item):
-                            break
-                    elif isinstance(item, StreamEnd):
-                        break
+                with span:
+                    await _first_chunks(items, first)
             except ProviderError as error:
                 _failed(rt, ex, spec, permit, error)
                 await _close(items)
@@ -514,6 +511,17 @@ async def open_stream(
         return attempt
 
     return await _failover(rt, ex, route, deadline, plan, attempt_on, only=only)
+
+
+async def _first_chunks(items: AsyncIterator[StreamItem], first: list[dict[str, Any]]) -> None:
+    """Read a stream up to its first content chunk (the point of commitment)."""
+    async for item in items:
+        if isinstance(item, dict):
+            first.append(item)
+            if _has_content(item):
+                return
+        elif isinstance(item, StreamEnd):
+            return
 
 
 def _has_content(chunk: Mapping[str, Any]) -> bool:

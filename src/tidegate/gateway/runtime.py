@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
+from tidegate.gateway.tracing import Tracing
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
 from tidegate.policy.breaker import BreakerOptions, BreakerState, CircuitBreaker
 from tidegate.policy.budget import BudgetOptions, Quota
@@ -181,6 +182,7 @@ class Runtime:
     admin_keys: AdminKeys | None = None
     fleet_flight: RedisSingleFlight | None = None
     fleet_retry_budget: RedisRetryBudgetCounter | None = None
+    tracing: Tracing = field(default_factory=Tracing)
     #: Canary rollouts by route alias, and the routes of versions with their own providers.
     canaries: dict[str, Canary] = field(default_factory=dict)
     version_routes: dict[tuple[str, str], Route] = field(default_factory=dict)
@@ -308,10 +310,12 @@ async def build_runtime(
     providers: dict[str, Provider] | None = None,
     session: aiohttp.ClientSession | None = None,
     git_sha: str = "unknown",
+    tracer_provider: Any = None,
 ) -> Runtime:
     """Construct one process's runtime. Tests may pass their own clock, stores and providers."""
     check_config_against_policies(config)
     # Validate everything that can fail before opening anything.
+    tracing = Tracing.from_config(config.tracing, provider=tracer_provider)
     specs = flag_specs(config) + canary_flag_specs(config)
     canaries = {
         alias: Canary.from_config(alias, route.canary)
@@ -418,6 +422,7 @@ async def build_runtime(
         corpus=corpus,
         canaries=canaries,
         version_routes=version_routes,
+        tracing=tracing,
         sleep=sleep if sleep is not None else getattr(clock, "asleep", system.asleep),
         session=session,
         git_sha=git_sha,
@@ -496,6 +501,7 @@ def refresh_verdicts(runtime: Runtime) -> None:
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    runtime.tracing.shutdown()
     if runtime.corpus is not None:
         runtime.corpus.close()
     for provider in runtime.providers.values():
