@@ -38,7 +38,6 @@ from tidegate.errors import (
     ActionExpired,
     AlreadyDecided,
     ConfigError,
-    Forbidden,
     InvalidRequest,
     NotFound,
     TidegateError,
@@ -263,7 +262,3 @@ async def _actions(rt: Runtime, method: str, rest: list[str], body: Any) -> tupl
     except StoreActionExpired as exc:
         raise ActionExpired(str(exc)) from None
     raise NotFound(f"no admin route {method} /v1/actions/{'/'.join(rest)}")
-
-
-# Forbidden is part of this module's vocabulary for callers who wrap it (documented in api.md).
-_ = Forbidden

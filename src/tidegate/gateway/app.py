@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import InvalidRequest, ModelNotFound, StoreError, TidegateError
+from tidegate.errors import StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.config import Config
 from tidegate.gateway.http import (
@@ -364,6 +364,3 @@ GET_ROUTES: dict[str, Callable[[Gateway, Runtime, Scope, Send], Awaitable[None]]
     "/openapi.json": Gateway.openapi,
     "/v1/models": Gateway.models,
 }
-
-# Referenced so the import of these names is explicit about the 4xx the routes above can give.
-_ = (InvalidRequest, ModelNotFound)
