@@ -788,52 +788,29 @@ def _operate(
     _show_rollouts(ctx, {route: status}, json_output)
 
 
-@rollout_app.command("start")
-def rollout_start(
-    ctx: typer.Context,
-    route: Annotated[str, typer.Argument(help="The canary's route.")],
-    who: WhoOption,
-    why: WhyOption,
-    json_output: JsonOption = False,
-) -> None:
-    """Start (or restart) a canary at its schedule's first share."""
-    _operate(ctx, route, RolloutAction.START, who, why, json_output)
+def _rollout_command(action: RolloutAction, summary: str) -> None:
+    """Register ``tidegate admin rollout ACTION ROUTE --who --why``."""
+
+    def command(
+        ctx: typer.Context,
+        route: Annotated[str, typer.Argument(help="The canary's route.")],
+        who: WhoOption,
+        why: WhyOption,
+        json_output: JsonOption = False,
+    ) -> None:
+        _operate(ctx, route, action, who, why, json_output)
+
+    command.__doc__ = summary
+    rollout_app.command(action.value)(command)
 
 
-@rollout_app.command("pause")
-def rollout_pause(
-    ctx: typer.Context,
-    route: Annotated[str, typer.Argument(help="The canary's route.")],
-    who: WhoOption,
-    why: WhyOption,
-    json_output: JsonOption = False,
-) -> None:
-    """Hold the canary at its share: the gate stops moving it."""
-    _operate(ctx, route, RolloutAction.PAUSE, who, why, json_output)
-
-
-@rollout_app.command("resume")
-def rollout_resume(
-    ctx: typer.Context,
-    route: Annotated[str, typer.Argument(help="The canary's route.")],
-    who: WhoOption,
-    why: WhyOption,
-    json_output: JsonOption = False,
-) -> None:
-    """Let the gate move a paused canary again."""
-    _operate(ctx, route, RolloutAction.RESUME, who, why, json_output)
-
-
-@rollout_app.command("abort")
-def rollout_abort(
-    ctx: typer.Context,
-    route: Annotated[str, typer.Argument(help="The canary's route.")],
-    who: WhoOption,
-    why: WhyOption,
-    json_output: JsonOption = False,
-) -> None:
-    """Send all traffic back to the baseline and stop the canary."""
-    _operate(ctx, route, RolloutAction.ABORT, who, why, json_output)
+for _action, _summary in (
+    (RolloutAction.START, "Start (or restart) a canary at its schedule's first share."),
+    (RolloutAction.PAUSE, "Hold the canary at its share: the gate stops moving it."),
+    (RolloutAction.RESUME, "Let the gate move a paused canary again."),
+    (RolloutAction.ABORT, "Send all traffic back to the baseline and stop the canary."),
+):
+    _rollout_command(_action, _summary)
 
 
 @rollout_app.command("evaluate")
