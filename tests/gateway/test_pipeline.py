@@ -344,6 +344,9 @@ async def test_open_breaker_is_reported_but_does_not_unready(gateway_client: App
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json()["breakers"] == {"p": "open"}
+        metrics = (await client.get("/metrics")).text
+        assert 'tidegate_breaker_transitions_total{provider="p",to="open"} 1.0' in metrics
+        assert 'tidegate_breaker_state{provider="p"} 2.0' in metrics
 
 
 async def test_data_class_keeps_requests_away_from_providers_not_cleared_for_it(

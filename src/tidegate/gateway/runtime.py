@@ -30,7 +30,15 @@ from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.gateway.tracing import Tracing
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
-from tidegate.policy.breaker import BreakerOptions, BreakerState, CircuitBreaker
+from tidegate.policy.breaker import (
+    BreakerEvent,
+    BreakerOptions,
+    BreakerState,
+    CircuitBreaker,
+    CircuitClosed,
+    CircuitHalfOpened,
+    CircuitOpened,
+)
 from tidegate.policy.budget import BudgetOptions, Quota
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import FlagSet, FlagSpec
@@ -353,8 +361,12 @@ async def build_runtime(
             for name, cfg in config.providers.items()
         }
     breaker_options = breaker_options_from(config)
+    metrics = Metrics()
     breakers = {
-        name: CircuitBreaker(name, breaker_options, clock=clock, rng=rng) for name in providers
+        name: CircuitBreaker(
+            name, breaker_options, clock=clock, rng=rng, on_event=_count_transitions(metrics)
+        )
+        for name in providers
     }
 
     def route_of(alias: str, names: tuple[str, ...], per_try: float) -> Route:
@@ -382,7 +394,6 @@ async def build_runtime(
         )
         if version.providers
     }
-    metrics = Metrics()
     corpus = None
     degraded = config.degraded
     if degraded.corpus_dir is not None:
@@ -487,6 +498,18 @@ async def refresh_flags(runtime: Runtime) -> None:
         log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
         return
     runtime.flags.restore({"version": 1, "values": values, "history": []})
+
+
+def _count_transitions(metrics: Metrics) -> Callable[[BreakerEvent], None]:
+    """Count each breaker's state changes by the state it moved to."""
+    moved = {CircuitOpened: "open", CircuitHalfOpened: "half_open", CircuitClosed: "closed"}
+
+    def on_event(event: BreakerEvent) -> None:
+        to = moved.get(type(event))
+        if to is not None:
+            metrics.breaker_transitions.labels(event.name, to).inc()
+
+    return on_event
 
 
 def refresh_verdicts(runtime: Runtime) -> None:
