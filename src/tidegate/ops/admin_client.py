@@ -33,12 +33,12 @@ import http.client
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import typer
@@ -58,6 +58,8 @@ __all__ = [
     "parse_value",
     "read_admin_key",
 ]
+
+T = TypeVar("T")
 
 ADMIN_URL_ENV: Final = "TIDEGATE_ADMIN_URL"
 ADMIN_KEY_FILE_ENV: Final = "TIDEGATE_ADMIN_KEY_FILE"
@@ -354,6 +356,16 @@ def _refused(exc: AdminRefused) -> NoReturn:
     _fail(f"the gateway refused: HTTP {exc.status} {exc.code}: {exc.message}", REFUSED)
 
 
+def _ask(ctx: typer.Context, call: Callable[[AdminClient], T]) -> T:
+    """One admin API call; a refusal or an unreachable gateway ends the command with its code."""
+    try:
+        return call(_client(ctx))
+    except AdminRefused as exc:
+        _refused(exc)
+    except AdminUnreachable as exc:
+        _fail(str(exc), USAGE)
+
+
 def _wants_json(ctx: typer.Context, flag: bool) -> bool:
     return flag or _settings(ctx).json_output
 
@@ -406,12 +418,7 @@ def flags_get(
     json_output: JsonOption = False,
 ) -> None:
     """Show every flag (or one): its value, default, type and description."""
-    try:
-        flags = _client(ctx).flags()
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    flags = _ask(ctx, lambda client: client.flags())
     if name is not None:
         if name not in flags:
             _fail(f"no flag named {name!r} (flags: {', '.join(sorted(flags))})", REFUSED)
@@ -446,12 +453,7 @@ def flags_set(
         parsed = parse_value(value)
     except ValueError as exc:
         _fail(str(exc), USAGE)
-    try:
-        record = _client(ctx).set_flag(name, parsed, who=who, why=why)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    record = _ask(ctx, lambda client: client.set_flag(name, parsed, who=who, why=why))
     if _wants_json(ctx, json_output):
         _emit_json(record)
         return
@@ -466,12 +468,7 @@ def audit(
     json_output: JsonOption = False,
 ) -> None:
     """Show the audit history of flag changes, newest first."""
-    try:
-        records = _client(ctx).audit(flag=flag, limit=limit)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    records = _ask(ctx, lambda client: client.audit(flag=flag, limit=limit))
     if _wants_json(ctx, json_output):
         _emit_json(records)
         return
@@ -507,12 +504,7 @@ def kill_switch(
 ) -> None:
     """Turn answering off (on), back on (off), or to degraded mode; every replica follows."""
     mode = MODES[state]
-    try:
-        record = _client(ctx).kill_switch(mode, who=who, why=why)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    record = _ask(ctx, lambda client: client.kill_switch(mode, who=who, why=why))
     if _wants_json(ctx, json_output):
         _emit_json(record)
         return
@@ -522,12 +514,7 @@ def kill_switch(
 @admin_app.command("breakers")
 def breakers(ctx: typer.Context, json_output: JsonOption = False) -> None:
     """Show each provider's circuit breaker."""
-    try:
-        found = _client(ctx).breakers()
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    found = _ask(ctx, lambda client: client.breakers())
     if _wants_json(ctx, json_output):
         _emit_json(found)
         return
@@ -555,12 +542,7 @@ def _refused_by_class(refused: Any, klass: str) -> str:
 @admin_app.command("queues")
 def queues(ctx: typer.Context, json_output: JsonOption = False) -> None:
     """Show admission: requests in flight, waiting and refused, per priority class."""
-    try:
-        snap = _client(ctx).admission()
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    snap = _ask(ctx, lambda client: client.admission())
     if _wants_json(ctx, json_output):
         _emit_json(snap)
         return
@@ -622,12 +604,7 @@ def actions_propose(
         _fail(f"--payload is not JSON: {exc}", USAGE)
     if not isinstance(details, dict):
         _fail("--payload must be a JSON object", USAGE)
-    try:
-        action = _client(ctx).propose(kind, details, ttl_s=ttl, who=who)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    action = _ask(ctx, lambda client: client.propose(kind, details, ttl_s=ttl, who=who))
     _show_action(ctx, action, json_output)
 
 
@@ -638,22 +615,12 @@ def actions_get(
     json_output: JsonOption = False,
 ) -> None:
     """Show one action as it stands."""
-    try:
-        action = _client(ctx).action(action_id)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    action = _ask(ctx, lambda client: client.action(action_id))
     _show_action(ctx, action, json_output)
 
 
 def _decide(ctx: typer.Context, action_id: str, decision: str, who: str, json_output: bool) -> None:
-    try:
-        action = _client(ctx).decide(action_id, decision, who=who)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    action = _ask(ctx, lambda client: client.decide(action_id, decision, who=who))
     _show_action(ctx, action, json_output)
 
 
@@ -779,12 +746,7 @@ def rollout_status(
 def _operate(
     ctx: typer.Context, route: str, action: RolloutAction, who: str, why: str, json_output: bool
 ) -> None:
-    try:
-        status = _client(ctx).rollout(route, action.value, who=who, why=why)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    status = _ask(ctx, lambda client: client.rollout(route, action.value, who=who, why=why))
     _show_rollouts(ctx, {route: status}, json_output)
 
 
@@ -822,12 +784,7 @@ def rollout_evaluate(
     json_output: JsonOption = False,
 ) -> None:
     """Let the gate judge the current windows now: proceed, hold or roll back."""
-    try:
-        decision = _client(ctx).rollout(route, "evaluate", who=who, why=why)
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    decision = _ask(ctx, lambda client: client.rollout(route, "evaluate", who=who, why=why))
     if _wants_json(ctx, json_output):
         _emit_json(decision)
         return
