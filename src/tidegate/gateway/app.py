@@ -337,7 +337,7 @@ class Gateway:
         await send_json(send, 200 if not problems else 503, body)
 
     async def metrics(self, rt: Runtime, scope: Scope, send: Send) -> None:
-        rt.refresh_breaker_metrics()
+        rt.refresh_gauges()
         await send_bytes(
             send, 200, rt.metrics.exposition(), content_type="text/plain; version=0.0.4"
         )

@@ -342,8 +342,6 @@ async def _failover(
             queue = [] if only is not None else list(next_candidates(plan, spec, error))
             if queue:
                 rt.metrics.failovers.labels(spec.name, error.kind.value).inc()
-        finally:
-            rt.refresh_breaker_metrics()
     if last is not None:
         raise last
     raise CircuitOpen(

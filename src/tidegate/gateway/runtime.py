@@ -78,12 +78,9 @@ class AdmissionGate:
         self, *, request_id: str, klass: str, tenant: str, deadline: Deadline
     ) -> Ticket:
         """A started ticket, or a typed refusal at once, or ``DeadlineExceeded`` while waiting."""
-        try:
-            ticket = self.controller.offer(
-                request_id=request_id, klass=klass, tenant=tenant, deadline_at=deadline.at
-            )
-        finally:
-            self._gauge()
+        ticket = self.controller.offer(
+            request_id=request_id, klass=klass, tenant=tenant, deadline_at=deadline.at
+        )
         if ticket.state is TicketState.STARTED:
             return ticket
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -122,9 +119,9 @@ class AdmissionGate:
                 self.controller.cancel(ticket)
                 continue
             waiter.set_result(None)
-        self._gauge()
 
-    def _gauge(self) -> None:
+    def refresh_metrics(self) -> None:
+        """Queue depths into the gauges: done when /metrics is scraped, not on every request."""
         for klass in self.controller.options.classes:
             self._metrics.queue_depth.labels(klass).set(self.controller.depth(klass))
 
@@ -212,6 +209,11 @@ class Runtime:
         ):
             problems.append("the degraded-mode corpus is configured but empty")
         return problems
+
+    def refresh_gauges(self) -> None:
+        """The gauges that are read from the policies at scrape time."""
+        self.refresh_breaker_metrics()
+        self.admission.refresh_metrics()
 
     def refresh_breaker_metrics(self) -> None:
         for name, breaker in self.breakers.items():

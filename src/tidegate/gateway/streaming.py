@@ -310,7 +310,6 @@ def _note(rt: Runtime, ex: Exchange, spec: ProviderSpec, result: Pumped) -> None
         kind = result.error.kind if result.error else ProviderErrorKind.MALFORMED
         ex.tried.append((spec.name, kind))
         rt.metrics.attempts.labels(spec.name, kind.value).inc()
-    rt.refresh_breaker_metrics()
 
 
 async def _rescue(

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 from tidegate.state.base import FlagStore
 
-__all__ = ["FlagChanges", "WatchableFlagStore"]
+__all__ = ["FlagChanges", "FlagChangesIteration", "WatchableFlagStore"]
 
 
 @runtime_checkable
@@ -44,3 +44,19 @@ class WatchableFlagStore(FlagStore, Protocol):
     def watch(self) -> AbstractAsyncContextManager[FlagChanges]:
         """Subscribe to flag changes for the duration of an ``async with`` block."""
         ...
+
+
+class FlagChangesIteration:
+    """``async for name in changes``, built on a subscription's ``next(timeout_s)``."""
+
+    async def next(self, timeout_s: float) -> str | None:
+        raise NotImplementedError
+
+    def __aiter__(self) -> FlagChangesIteration:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            name = await self.next(1.0)
+            if name is not None:
+                return name

@@ -72,6 +72,7 @@ from tidegate.state.actions import (
     refusal,
 )
 from tidegate.state.base import AuditRecord, CacheEntry, Claim, ClaimOutcome, StoredResponse
+from tidegate.state.notify import FlagChangesIteration
 from tidegate.state.rollout import RolloutRecord, VersionConflict, check_version
 
 __all__ = [
@@ -516,7 +517,7 @@ class PostgresCacheStore:
         )
 
 
-class PostgresFlagChanges:
+class PostgresFlagChanges(FlagChangesIteration):
     """A live subscription to flag changes: ``LISTEN`` on a connection of its own."""
 
     def __init__(self, db: PostgresDatabase, channel: str) -> None:
@@ -561,15 +562,6 @@ class PostgresFlagChanges:
             except _DRIVER_ERRORS as exc:
                 raise self._db._error("flag changes", exc) from exc
         return self._pending.popleft() if self._pending else None
-
-    def __aiter__(self) -> PostgresFlagChanges:
-        return self
-
-    async def __anext__(self) -> str:
-        while True:
-            name = await self.next(1.0)
-            if name is not None:
-                return name
 
 
 class PostgresFlagStore:

@@ -64,6 +64,7 @@ from tidegate.state.actions import (
     new_action_id,
 )
 from tidegate.state.base import AuditRecord, CacheEntry, Claim, ClaimOutcome, StoredResponse
+from tidegate.state.notify import FlagChangesIteration
 from tidegate.state.rollout import RolloutRecord, VersionConflict, check_version
 
 __all__ = [
@@ -392,7 +393,7 @@ def _audit_record(raw: bytes | str) -> AuditRecord:
     )
 
 
-class RedisFlagChanges:
+class RedisFlagChanges(FlagChangesIteration):
     """A live subscription to flag changes on one pub/sub connection (see :meth:`RedisFlagStore.
     watch`)."""
 
@@ -446,15 +447,6 @@ class RedisFlagChanges:
             if message is not None and _text(message["type"]) == "message":
                 return _text(message["data"])
         return None
-
-    def __aiter__(self) -> RedisFlagChanges:
-        return self
-
-    async def __anext__(self) -> str:
-        while True:
-            name = await self.next(1.0)
-            if name is not None:
-                return name
 
 
 class RedisFlagStore:
