@@ -123,3 +123,10 @@ def test_docs_list_every_code_with_its_status() -> None:
         assert f"| `{code}` | {spec.status} |" in doc
     for kind, spec in PROVIDER_ERROR_TABLE.items():
         assert f"| `provider_{kind.value}` | `{kind.value}` | {spec.status} |" in doc
+
+
+def test_headers_a_policy_attaches_reach_the_answer() -> None:
+    """A rejection's own headers (a rate limit's RateLimit fields) join Retry-After."""
+    refusal = RateLimited("slow", policy="ratelimit", retry_after=2, headers={"RateLimit": "r=0"})
+    _, _, headers = http_error(refusal)
+    assert headers == {"Retry-After": "2", "RateLimit": "r=0"}

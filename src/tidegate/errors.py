@@ -127,12 +127,20 @@ class Rejected(TidegateError):
     """A policy refused the request; catch this to handle every refusal in one place."""
 
     def __init__(
-        self, message: str, *, policy: str, retry_after: float | None = None, reason: str = ""
+        self,
+        message: str,
+        *,
+        policy: str,
+        retry_after: float | None = None,
+        reason: str = "",
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.policy = policy
         self.reason = reason or self.code
         self._retry_after = retry_after
+        #: Response headers the refusing policy adds (a rate limit's ``RateLimit`` fields).
+        self.headers: dict[str, str] = dict(headers or {})
 
     @property
     def retry_after(self) -> float | None:
@@ -421,10 +429,13 @@ def error_body(error: BaseException) -> dict[str, dict[str, object]]:
 
 
 def http_error(error: BaseException) -> tuple[int, dict[str, dict[str, object]], dict[str, str]]:
-    """``(status, body, headers)`` for ``error``; ``Retry-After`` is whole seconds, rounded up."""
+    """``(status, body, headers)`` for ``error``: ``Retry-After`` in whole seconds, rounded up,
+    and any headers a refusing policy attached."""
     spec = spec_for(error)
     headers: dict[str, str] = {}
     retry_after = error.retry_after if isinstance(error, TidegateError) else None
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    if isinstance(error, Rejected):
+        headers.update(error.headers)
     return spec.status, error_body(error), headers

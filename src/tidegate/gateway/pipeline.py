@@ -21,6 +21,7 @@ import orjson
 import structlog
 
 from tidegate.errors import (
+    BudgetExceeded,
     CircuitOpen,
     Forbidden,
     IdempotencyConflict,
@@ -211,14 +212,13 @@ async def apply_rate_limits(rt: Runtime, identity: Identity) -> None:
         result = await rt.take_bucket(key, options)
         if not result.allowed:
             retry_after = result.retry_after if result.retry_after != float("inf") else None
-            refusal = RateLimited(
+            raise RateLimited(
                 f"{name} rate limit: {options.burst:g} requests, refilling {options.rate:g}/s",
                 policy="ratelimit",
                 retry_after=retry_after,
                 reason=name,
+                headers=ratelimit_headers(options, result, policy_name=name),
             )
-            refusal.headers = ratelimit_headers(options, result, policy_name=name)  # type: ignore[attr-defined]
-            raise refusal
 
 
 async def reserve_budget(
@@ -243,8 +243,6 @@ async def reserve_budget(
         dimension = decision.reason.value if decision.reason is not None else "calls"
         rt.metrics.budget_denials.labels(dimension).inc()
         retry_after = decision.retry_after if decision.retry_after != float("inf") else None
-        from tidegate.errors import BudgetExceeded
-
         raise BudgetExceeded(
             f"the daily {dimension} budget is spent", policy="budget", retry_after=retry_after
         )
@@ -795,8 +793,6 @@ async def chat_completions(
         ex.outcome, ex.status = str(err_body["error"]["code"]), status
         if status == 500:  # not an error tidegate raised on purpose: a bug worth its traceback
             log.exception("internal_error", request_id=ex.request_id)
-        if isinstance(error, RateLimited):
-            extra.update(getattr(error, "headers", {}))
         if started_stream and ex.first_token_s is not None:
             # Headers are gone: the only honest signal left is an in-band error event.
             await send(
