@@ -25,6 +25,7 @@ from tidegate.lab import theory
 from tidegate.lab.engine import Fleet, Traffic, simulate
 from tidegate.lab.workload import Exponential, Poisson
 from tidegate.policy.admission import AdmissionOptions
+from tidegate.testing import compiled
 
 LAMBDA = 6.5
 MU = 1.0
@@ -98,12 +99,14 @@ def main() -> int:
     simpy_rate, simpy_wait = best_rate(simpy_round)
     ratio = lab_rate / simpy_rate
     print(f"M/M/{SERVERS}, lambda={LAMBDA}, mu={MU}: {HORIZON:,.0f} simulated s, best of {ROUNDS}")
-    print(f"{'engine':<44} {'customers/s':>12} {'mean wait s':>12}")
-    print(f"{'tidegate lab (real AdmissionController)':<44} {lab_rate:>12,.0f} {lab_wait:>12.4f}")
+    print(f"{'engine':<50} {'customers/s':>12} {'mean wait s':>12}")
+    build = "compiled" if compiled("tidegate.lab.engine") else "Python"
+    label = f"tidegate lab, {build} (real AdmissionController)"
+    print(f"{label:<50} {lab_rate:>12,.0f} {lab_wait:>12.4f}")
     print(
-        f"{'SimPy ' + simpy.__version__ + ' (Resource)':<44} {simpy_rate:>12,.0f} {simpy_wait:>12.4f}"
+        f"{'SimPy ' + simpy.__version__ + ' (Resource)':<50} {simpy_rate:>12,.0f} {simpy_wait:>12.4f}"
     )
-    print(f"{'Erlang C':<44} {'':>12} {expected:>12.4f}")
+    print(f"{'Erlang C':<50} {'':>12} {expected:>12.4f}")
     verdict = "met" if ratio >= TARGET_RATIO else "not met"
     print(f"ratio lab / SimPy: {ratio:.2f}x (target {TARGET_RATIO:g}x: {verdict})")
     return 0

@@ -50,8 +50,11 @@ def test_manual_sleeps_advance_instead_of_waiting() -> None:
 def test_both_clocks_satisfy_the_protocol() -> None:
     """SystemClock and ManualClock are Clocks; the system clock is monotonic."""
     system = SystemClock()
-    assert isinstance(system, Clock)
-    assert isinstance(ManualClock(), Clock)
+    # Structural: mypy checks these assignments; the loop checks the methods exist at run time.
+    clocks: list[Clock] = [system, ManualClock()]
+    for clock in clocks:
+        assert callable(clock.now)
+        assert callable(clock.wall)
     first = system.now()
     assert system.now() >= first
     assert system.wall() > 1_600_000_000

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 __all__ = ["Clock", "ClockWentBackwards", "ManualClock", "SystemClock"]
 
 
-@runtime_checkable
 class Clock(Protocol):
     """What a policy may know about time."""
 

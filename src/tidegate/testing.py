@@ -8,13 +8,27 @@
 
 from __future__ import annotations
 
+import importlib
 import random
 
 from tidegate.clock import ClockWentBackwards, ManualClock
 from tidegate.providers.fake import FakeProvider
 from tidegate.providers.fake_upstream import FakeUpstream
 
-__all__ = ["ClockWentBackwards", "FakeProvider", "FakeUpstream", "ManualClock", "seeded_rng"]
+__all__ = [
+    "ClockWentBackwards",
+    "FakeProvider",
+    "FakeUpstream",
+    "ManualClock",
+    "compiled",
+    "seeded_rng",
+]
+
+
+def compiled(module: str) -> bool:
+    """Whether the named tidegate module runs compiled (a mypyc build) rather than as Python."""
+    loaded = importlib.import_module(module)
+    return not str(getattr(loaded, "__file__", "")).endswith(".py")
 
 
 def seeded_rng(seed: int = 0) -> random.Random:

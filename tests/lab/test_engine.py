@@ -25,6 +25,7 @@ from tidegate.lab.workload import (
     TraceRecord,
 )
 from tidegate.policy.admission import AdmissionController, AdmissionOptions
+from tidegate.testing import compiled
 
 REPLICATIONS = 10
 
@@ -325,14 +326,18 @@ def test_a_window_that_starts_after_the_warm_up_still_balances() -> None:
 def test_same_seed_gives_the_identical_report(name: str) -> None:
     """Two runs with the same seed give equal reports, bit for bit; another seed differs."""
     first, second, other = RUNS[name](11), RUNS[name](11), RUNS[name](12)
-    assert first == second
+    # Compared as text: a nan field is equal to itself there (and only by identity otherwise).
+    assert repr(first) == repr(second)
     assert repr(first.as_dict()) == repr(second.as_dict())
-    assert first != other
+    assert repr(first) != repr(other)
 
 
 # --------------------------------------------------------------------------- behaviour
 
 
+@pytest.mark.skipif(
+    compiled("tidegate.policy.admission"), reason="a compiled class cannot be patched with a spy"
+)
 def test_the_engine_drives_the_real_admission_controller(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every arrival goes through AdmissionController.offer of tidegate.policy, not a copy."""
     calls: list[str] = []

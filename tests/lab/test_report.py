@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -83,6 +84,14 @@ def test_latency_summary() -> None:
     empty = Latency.of([])
     assert empty.count == 0
     assert math.isnan(empty.p95)
+
+
+@pytest.mark.parametrize("size", [2047, 2048, 5000, 20001])
+def test_large_latency_summaries_partition_to_exactly_what_a_sort_gives(size: int) -> None:
+    """Above the partition threshold the summary equals the sorted one, bit for bit."""
+    rng = random.Random(size)
+    values = [rng.expovariate(1.0) for _ in range(size)] + [0.5] * 7  # ties too
+    assert Latency.of(values) == Latency.of_sorted(sorted(values))
 
 
 def test_class_reports_balance_and_total_adds_up() -> None:

@@ -34,6 +34,7 @@ from tidegate.policy.admission import (
     deadline_admits,
     work_ahead,
 )
+from tidegate.testing import compiled
 
 TWO = ("critical", "standard")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policies" / "admission.md"
@@ -108,8 +109,6 @@ def test_option_defaults_are_the_documented_ones() -> None:
         ({"classes": ("a", "a")}, "classes"),
         ({"classes": ("a", "")}, "classes"),
         ({"slots": 0}, "slots"),
-        ({"slots": True}, "slots"),
-        ({"slots": 1.5}, "slots"),
         ({"queue_cap": -1}, "queue_cap"),
         ({"queue_cap": {"critical": 1}}, "queue_cap"),
         ({"queue_cap": {"critical": 1, "standard": 1, "batch": -1}}, "queue_cap"),
@@ -134,6 +133,18 @@ def test_invalid_options_name_the_field(kwargs: dict[str, Any], field_name: str)
     """Each invalid option raises ValueError naming the offending field."""
     with pytest.raises(ValueError, match=re.escape(field_name)):
         AdmissionOptions(**kwargs)
+
+
+def test_a_slot_count_that_is_not_an_int_is_refused() -> None:
+    """Plain Python names the field in a ValueError; the compiled build refuses the type itself
+    (and stores ``True`` as the int 1, as ``int(True)`` would)."""
+    if compiled("tidegate.policy.admission"):
+        with pytest.raises(TypeError):
+            AdmissionOptions(slots=1.5)  # type: ignore[arg-type]
+        return
+    for slots in (True, 1.5):
+        with pytest.raises(ValueError, match="slots"):
+            AdmissionOptions(slots=slots)  # type: ignore[arg-type]
 
 
 def test_per_class_caps_and_weights_are_copied() -> None:
@@ -697,6 +708,9 @@ def check_invariants(r: Rig, tickets: list[Ticket]) -> None:
         assert r.controller.tenant_waiting(tenant) == queued
         assert options.tenant_max_in_flight is None or running <= options.tenant_max_in_flight
         assert options.tenant_max_waiting is None or queued <= options.tenant_max_waiting
+    # The controller keeps per-tenant state for exactly the tenants with live tickets.
+    live_tenants = {t.tenant for t in started + waiting}
+    assert set(r.controller._tenants) == live_tenants
 
 
 def apply_operation(r: Rig, tickets: list[Ticket], operation: tuple[Any, ...]) -> None:

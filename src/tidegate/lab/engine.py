@@ -202,15 +202,60 @@ class Fleet:
         )
 
 
+class _Tally:
+    """One class's counters during a run: plain typed attributes, cheap to bump in the loop."""
+
+    __slots__ = (
+        "admitted",
+        "completed",
+        "expired",
+        "late",
+        "latencies",
+        "live_at_t0",
+        "offered",
+        "on_time",
+        "pre_departed",
+        "rej_max",
+        "rej_sum",
+        "shed",
+        "started",
+        "wait_sum",
+        "waited",
+    )
+
+    def __init__(self) -> None:
+        self.offered = 0
+        self.admitted = 0
+        self.completed = 0
+        self.on_time = 0
+        self.late = 0
+        self.expired = 0
+        self.waited = 0
+        self.started = 0
+        self.wait_sum = 0.0
+        self.rej_sum = 0.0
+        self.rej_max = 0.0
+        self.shed: dict[str, int] = {}
+        self.latencies: list[float] = []
+        #: Requests of the class in the system when the warm-up ended.
+        self.live_at_t0 = 0
+        #: Of those, how many have left since.
+        self.pre_departed = 0
+
+
 class Worker:
     """One process of the fleet: its admission controller, cores and CPU queue."""
 
-    __slots__ = ("active", "controller", "cpu_queue", "free_cores", "index")
+    __slots__ = ("active", "controller", "cpu_queue", "free_cores", "held", "in_flight", "index")
 
     def __init__(self, index: int, controller: AdmissionController, cores: int) -> None:
         self.index = index
         self.controller = controller
         self.free_cores = cores
+        #: Requests the worker holds (waiting or in service) and slots it holds, as the engine
+        #: counts them: start() can return a ticket only when a slot is free and something waits.
+        self.held = 0
+        self.in_flight = 0
         self.cpu_queue: deque[tuple[Any, float]] = deque()
         #: New requests are dispatched only to active workers; a retired one drains.
         self.active = True
@@ -377,7 +422,7 @@ class Simulation:
         horizon, t0 = self.horizon, self.warmup
         heap = self._heap
         push, pop = heapq.heappush, heapq.heappop
-        clock_set = self.clock.set
+        clock = self.clock
         workers = self.workers
         active = self._active
         expired_buffer = self._expired
@@ -446,19 +491,8 @@ class Simulation:
         draw_cpu = fleet.cpu.sampler(self._rng("cpu")) if fleet.cpu is not None else _zero
 
         # --- bookkeeping
-        offered = [0] * nclass
-        admitted = [0] * nclass
-        completed = [0] * nclass
-        on_time = [0] * nclass
-        late = [0] * nclass
-        expired = [0] * nclass
-        waited = [0] * nclass
-        started = [0] * nclass
-        wait_sum = [0.0] * nclass
-        rej_sum = [0.0] * nclass
-        rej_max = [0.0] * nclass
-        shed: list[dict[str, int]] = [{} for _ in classes]
-        latencies: list[list[float]] = [[] for _ in classes]
+        tallies = [_Tally() for _ in classes]
+        tally0 = tallies[0]
         clients: dict[Any, int] = {}
         measuring = t0 <= 0.0
         n = 0  # requests in the system (admitted, not yet gone)
@@ -471,8 +505,6 @@ class Simulation:
         passages = 0  # requests present at the warmup plus those admitted after it
         done_in_window = 0
         good_in_window = 0
-        live_at_t0: list[int] = [0] * nclass
-        pre_departed = [0] * nclass
         seq = self._seq
         rr = 0
         request_id = "lab"
@@ -491,24 +523,7 @@ class Simulation:
                 self._push(think(), _CLIENT, client, 0, 0.0)
         seq = self._seq
 
-        offers = [w.controller.offer for w in workers]
-        starts = [w.controller.start for w in workers]
-        finishes = [w.controller.finish for w in workers]
-        cancels = [w.controller.cancel for w in workers]
-        # Per worker: live requests (waiting or in service) and slots held. start() can return a
-        # ticket only when a slot is free and something waits, so it is not called otherwise.
-        held = [0] * len(workers)
-        inflight = [0] * len(workers)
         slots = fleet.admission.slots
-
-        def bind_new_workers() -> None:
-            for w in workers[len(offers) :]:
-                offers.append(w.controller.offer)
-                starts.append(w.controller.start)
-                finishes.append(w.controller.finish)
-                cancels.append(w.controller.cancel)
-                held.append(0)
-                inflight.append(0)
 
         # Locals, not globals, in the loop.
         COMPLETE, CPU_DONE, DEADLINE, CLIENT, TICK, WARMUP = (
@@ -537,7 +552,7 @@ class Simulation:
                 if t > horizon:
                     break
                 kind = -1
-            clock_set(t)
+            clock.set(t)
             dt = t - last
             if dt:
                 area_n += n * dt
@@ -549,25 +564,26 @@ class Simulation:
             if kind == COMPLETE:
                 ticket = event[3]
                 w = event[4]
-                finishes[w](ticket)
+                worker = workers[w]
+                worker.controller.finish(ticket)
                 busy -= 1
                 n -= 1
-                held[w] -= 1
-                inflight[w] -= 1
+                worker.held -= 1
+                worker.in_flight -= 1
                 arrived = ticket.offered_at
                 deadline_at = ticket.deadline_at
                 if margin and deadline_at is not None:
                     deadline_at += margin
-                ci = class_index[ticket.klass] if multi_class else 0
+                tally = tallies[class_index[ticket.klass]] if multi_class else tally0
                 if arrived >= t0:
-                    completed[ci] += 1
-                    latencies[ci].append(t - arrived)
+                    tally.completed += 1
+                    tally.latencies.append(t - arrived)
                     if deadline_at is None or t <= deadline_at:
-                        on_time[ci] += 1
+                        tally.on_time += 1
                     else:
-                        late[ci] += 1
+                        tally.late += 1
                 elif measuring:
-                    pre_departed[ci] += 1
+                    tally.pre_departed += 1
                 if measuring:
                     begin = arrived if arrived > t0 else t0
                     overlap_sum += t - begin
@@ -579,19 +595,18 @@ class Simulation:
                     seq += 1
                     push(heap, (t + think(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
                 # ---- the scheduling loop: fill every free slot, in the controller's order
-                if held[w] > inflight[w]:
-                    start = starts[w]
-                    while inflight[w] < slots and (ticket := start()) is not None:
+                if worker.held > worker.in_flight:
+                    controller = worker.controller
+                    while worker.in_flight < slots and (ticket := controller.start()) is not None:
                         busy += 1
-                        inflight[w] += 1
+                        worker.in_flight += 1
                         arrived = ticket.offered_at
                         if arrived >= t0:
-                            ci = class_index[ticket.klass] if multi_class else 0
-                            started[ci] += 1
-                            wait_sum[ci] += t - arrived
+                            tally = tallies[class_index[ticket.klass]] if multi_class else tally0
+                            tally.started += 1
+                            tally.wait_sum += t - arrived
                         io = trace_io.pop(ticket) if io_from_records else draw_io()
                         if has_cpu:
-                            worker = workers[w]
                             if worker.free_cores:
                                 worker.free_cores -= 1
                                 cpu_busy += 1
@@ -605,19 +620,19 @@ class Simulation:
                     if expired_buffer:
                         for ticket in expired_buffer:
                             n -= 1
-                            held[w] -= 1
+                            workers[w].held -= 1
                             arrived = ticket.offered_at
                             ci = class_index[ticket.klass] if multi_class else 0
                             if io_from_records:
                                 del trace_io[ticket]
                             if arrived >= t0:
-                                expired[ci] += 1
+                                tallies[ci].expired += 1
                                 waited_for = t - arrived
-                                rej_sum[ci] += waited_for
-                                if waited_for > rej_max[ci]:
-                                    rej_max[ci] = waited_for
+                                tallies[ci].rej_sum += waited_for
+                                if waited_for > tallies[ci].rej_max:
+                                    tallies[ci].rej_max = waited_for
                             elif measuring:
-                                pre_departed[ci] += 1
+                                tallies[ci].pre_departed += 1
                             if measuring:
                                 begin = arrived if arrived > t0 else t0
                                 overlap_sum += t - begin
@@ -669,10 +684,12 @@ class Simulation:
                     w = active[rr]
                 offered_total += 1
                 counted = t >= t0
+                tally = tallies[ci]
+                worker = workers[w]
                 if counted:
-                    offered[ci] += 1
+                    tally.offered += 1
                 try:
-                    ticket = offers[w](
+                    ticket = worker.controller.offer(
                         request_id=request_id,
                         klass=classes[ci],
                         tenant=tenant,
@@ -682,16 +699,16 @@ class Simulation:
                     )
                 except Rejected as refusal:
                     if counted:
-                        reasons = shed[ci]
+                        reasons = tally.shed
                         reasons[refusal.reason] = reasons.get(refusal.reason, 0) + 1
                     if closed:
                         seq += 1
                         push(heap, (t + think(), seq, CLIENT, event[3], 0, 0.0))
                     continue
                 n += 1
-                held[w] += 1
+                worker.held += 1
                 if counted:
-                    admitted[ci] += 1
+                    tally.admitted += 1
                 if measuring:
                     passages += 1
                     live_start_sum += t
@@ -699,13 +716,12 @@ class Simulation:
                     clients[ticket] = event[3]
                 if ticket.state is STARTED:
                     busy += 1
-                    inflight[w] += 1
+                    worker.in_flight += 1
                     if counted:
-                        started[ci] += 1
+                        tally.started += 1
                     if not io_from_records:
                         io = draw_io()
                     if has_cpu:
-                        worker = workers[w]
                         if worker.free_cores:
                             worker.free_cores -= 1
                             cpu_busy += 1
@@ -718,7 +734,7 @@ class Simulation:
                         push(heap, (t + io, seq, COMPLETE, ticket, w, 0.0))
                 else:
                     if counted:
-                        waited[ci] += 1
+                        tally.waited += 1
                     if io_from_records:
                         trace_io[ticket] = io
                     if leave and deadline_at is not None:
@@ -745,21 +761,21 @@ class Simulation:
                 if ticket.state is not WAITING:
                     continue  # started, or already dropped at dequeue
                 w = event[4]
-                cancels[w](ticket)
+                workers[w].controller.cancel(ticket)
                 n -= 1
-                held[w] -= 1
+                workers[w].held -= 1
                 arrived = ticket.offered_at
                 ci = class_index[ticket.klass] if multi_class else 0
                 if io_from_records:
                     del trace_io[ticket]
                 if arrived >= t0:
-                    expired[ci] += 1
+                    tallies[ci].expired += 1
                     waited_for = t - arrived
-                    rej_sum[ci] += waited_for
-                    if waited_for > rej_max[ci]:
-                        rej_max[ci] = waited_for
+                    tallies[ci].rej_sum += waited_for
+                    if waited_for > tallies[ci].rej_max:
+                        tallies[ci].rej_max = waited_for
                 elif measuring:
-                    pre_departed[ci] += 1
+                    tallies[ci].pre_departed += 1
                 if measuring:
                     begin = arrived if arrived > t0 else t0
                     overlap_sum += t - begin
@@ -783,7 +799,7 @@ class Simulation:
                 for worker in workers:
                     snap = worker.controller.snapshot()
                     for index, name in enumerate(classes):
-                        live_at_t0[index] += _live(snap, name)
+                        tallies[index].live_at_t0 += _live(snap, name)
             elif kind == TICK:
                 assert self._tick is not None
                 every, hook = self._tick
@@ -792,7 +808,6 @@ class Simulation:
                     self._push(t + every, TICK, None, 0, 0.0)
             else:
                 event[3](self)
-            bind_new_workers()
             seq = self._seq
 
         # ---- close the window at the horizon
@@ -821,25 +836,28 @@ class Simulation:
         reports = []
         pooled: list[float] = []
         for ci, name in enumerate(classes):
-            pooled.extend(latencies[ci])
-            rejected = sum(shed[ci].values()) + expired[ci]
+            if nclass > 1:
+                pooled.extend(tallies[ci].latencies)
+            rejected = sum(tallies[ci].shed.values()) + tallies[ci].expired
             reports.append(
                 ClassReport(
                     klass=name,
-                    offered=offered[ci],
-                    admitted=admitted[ci],
-                    shed=shed[ci],
-                    expired=expired[ci],
-                    completed=completed[ci],
-                    on_time=on_time[ci],
-                    late=late[ci],
-                    in_system=live_end[ci] - (live_at_t0[ci] - pre_departed[ci]),
-                    waited=waited[ci],
-                    started=started[ci],
-                    mean_wait=wait_sum[ci] / started[ci] if started[ci] else math.nan,
-                    latency=Latency.of(latencies[ci]),
-                    rejection_time_mean=rej_sum[ci] / rejected if rejected else math.nan,
-                    rejection_time_max=rej_max[ci] if rejected else math.nan,
+                    offered=tallies[ci].offered,
+                    admitted=tallies[ci].admitted,
+                    shed=tallies[ci].shed,
+                    expired=tallies[ci].expired,
+                    completed=tallies[ci].completed,
+                    on_time=tallies[ci].on_time,
+                    late=tallies[ci].late,
+                    in_system=live_end[ci] - (tallies[ci].live_at_t0 - tallies[ci].pre_departed),
+                    waited=tallies[ci].waited,
+                    started=tallies[ci].started,
+                    mean_wait=tallies[ci].wait_sum / tallies[ci].started
+                    if tallies[ci].started
+                    else math.nan,
+                    latency=Latency.of(tallies[ci].latencies),
+                    rejection_time_mean=tallies[ci].rej_sum / rejected if rejected else math.nan,
+                    rejection_time_max=tallies[ci].rej_max if rejected else math.nan,
                 )
             )
         cores_total = fleet.cores * len(workers)
@@ -848,7 +866,7 @@ class Simulation:
             warmup=t0,
             horizon=horizon,
             classes=tuple(reports),
-            latency=Latency.of(pooled),
+            latency=reports[0].latency if nclass == 1 else Latency.of(pooled),
             throughput=done_in_window / window,
             goodput=good_in_window / window,
             utilisation=area_busy / self._slot_seconds if self._slot_seconds else math.nan,

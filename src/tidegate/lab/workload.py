@@ -444,14 +444,14 @@ def load_trace(path: str | Path) -> Trace:
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    parsed: Any = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}:{number}: not JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
+                if not isinstance(parsed, dict):
                     raise ValueError(f"{path}:{number}: each line must be a JSON object")
-                if row.get("event", "request") != "request":
+                if parsed.get("event", "request") != "request":
                     continue  # a gateway log holds other lines too (start-up, warnings)
-                rows.append((f"{path}:{number}", row))
+                rows.append((f"{path}:{number}", parsed))
     records = [_record(row, where) for where, row in rows]
     if not records:
         raise ValueError(f"{path}: no requests")

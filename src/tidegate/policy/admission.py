@@ -228,12 +228,39 @@ class RefusalReason(StrEnum):
     DEADLINE_PASSED = "deadline_passed"
 
 
+# The states as module constants: the hot paths compare against these (one load, not a class
+# attribute lookup each time).
+_WAITING: Final = TicketState.WAITING
+_STARTED: Final = TicketState.STARTED
+_FINISHED: Final = TicketState.FINISHED
+_CANCELLED: Final = TicketState.CANCELLED
+_EXPIRED: Final = TicketState.EXPIRED
+
+
+class _TenantLoad:
+    """One tenant's live tickets: started, waiting (parked included), and the parked ones.
+
+    A controller keeps one per tenant with live tickets and each ticket points at its tenant's,
+    so the hot paths count without a dictionary lookup. It is dropped when both counts reach
+    zero; a ticket that has ended never touches it again.
+    """
+
+    __slots__ = ("in_flight", "parked", "waiting")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.waiting = 0
+        #: A heap of (arrival sequence, ticket) that cannot start while the tenant is at its limit.
+        self.parked: list[tuple[int, Ticket]] = []
+
+
 class Ticket:
     """One admitted request's place in the controller. Read its fields; only the controller
     writes them."""
 
     __slots__ = (
         "_index",
+        "_load",
         "_owner",
         "_parked",
         "_seq",
@@ -256,6 +283,7 @@ class Ticket:
     ended_at: float | None
     state: TicketState
     _index: int
+    _load: _TenantLoad
     _owner: AdmissionController
     _parked: bool
     _seq: int
@@ -271,6 +299,7 @@ class Ticket:
         deadline_at: float | None,
         offered_at: float,
         seq: int,
+        load: _TenantLoad,
     ) -> None:
         self.request_id = request_id
         self.klass = klass
@@ -279,8 +308,9 @@ class Ticket:
         self.offered_at = offered_at
         self.started_at = None
         self.ended_at = None
-        self.state = TicketState.WAITING
+        self.state = _WAITING
         self._index = index
+        self._load = load
         self._owner = owner
         self._parked = False
         self._seq = seq
@@ -437,15 +467,13 @@ class AdmissionController:
         "_offered_rate",
         "_on_event",
         "_options",
-        "_parked",
         "_passes",
         "_ready",
         "_refused",
         "_seq",
         "_started",
         "_strides",
-        "_tenant_in_flight",
-        "_tenant_waiting",
+        "_tenants",
         "_total_waiting",
         "_vtime",
         "_waiting",
@@ -473,14 +501,12 @@ class AdmissionController:
         # Per class: a heap of (arrival sequence, ticket); cancelled entries are left in place
         # and skipped when they reach the top.
         self._heaps: list[list[tuple[int, Ticket]]] = [[] for _ in classes]
-        # Per tenant: tickets that cannot start because the tenant holds all its slots.
-        self._parked: dict[str, list[tuple[int, Ticket]]] = {}
         self._waiting = [0] * count  # live waiting tickets per class, parked ones included
         self._total_waiting = 0
         self._ready = 0  # live tickets in the class heaps, i.e. startable now
         self._in_flight = 0
-        self._tenant_in_flight: dict[str, int] = {}
-        self._tenant_waiting: dict[str, int] = {}
+        # Per tenant with live tickets: its counts and parked tickets.
+        self._tenants: dict[str, _TenantLoad] = {}
         self._seq = 0
         self._mean_service = float(options.initial_service_time)
         self._offered_rate = 0.0
@@ -520,15 +546,17 @@ class AdmissionController:
                 tenant=tenant,
                 now=now,
             )
+        load = self._tenants.get(tenant)
         tenant_busy = (
             options.tenant_max_in_flight is not None
-            and self._tenant_in_flight.get(tenant, 0) >= options.tenant_max_in_flight
+            and load is not None
+            and load.in_flight >= options.tenant_max_in_flight
         )
         direct = self._in_flight < options.slots and self._ready == 0 and not tenant_busy
         if direct:
             wait = 0.0
         else:
-            waiting = self._tenant_waiting.get(tenant, 0)
+            waiting = load.waiting if load is not None else 0
             if options.tenant_max_waiting is not None and waiting >= options.tenant_max_waiting:
                 raise self._refuse(
                     BulkheadFull,
@@ -568,6 +596,8 @@ class AdmissionController:
                 tenant=tenant,
                 now=now,
             )
+        if load is None:
+            load = self._tenants[tenant] = _TenantLoad()
         ticket = Ticket(
             owner=self,
             request_id=request_id,
@@ -577,6 +607,7 @@ class AdmissionController:
             deadline_at=deadline_at,
             offered_at=now,
             seq=self._seq,
+            load=load,
         )
         self._seq += 1
         self._admitted[index] += 1
@@ -587,7 +618,7 @@ class AdmissionController:
             return ticket
         self._waiting[index] += 1
         self._total_waiting += 1
-        self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 0) + 1
+        load.waiting += 1
         if tenant_busy:
             self._park(ticket)
         else:
@@ -617,17 +648,18 @@ class AdmissionController:
             deadline_at = ticket.deadline_at
             if options.drop_expired_at_dequeue and deadline_at is not None and now >= deadline_at:
                 self._leave_queue(ticket)
-                ticket.state = TicketState.EXPIRED
+                ticket.state = _EXPIRED
                 ticket.ended_at = now
                 self._expired[index] += 1
                 if self._on_event is not None:
                     self._on_event(
                         TicketExpired(ticket=ticket, at=now, waited=now - ticket.offered_at)
                     )
-                self._unpark(ticket.tenant)
+                self._unpark(ticket._load)
+                self._forget_if_idle(ticket)
                 continue
             limit = options.tenant_max_in_flight
-            if limit is not None and self._tenant_in_flight.get(ticket.tenant, 0) >= limit:
+            if limit is not None and ticket._load.in_flight >= limit:
                 self._park(ticket)
                 continue
             self._leave_queue(ticket)
@@ -642,12 +674,12 @@ class AdmissionController:
         Raises ``ValueError`` unless the ticket is this controller's and ``STARTED``.
         """
         self._check_owner(ticket)
-        if ticket.state is not TicketState.STARTED or ticket.started_at is None:
+        if ticket.state is not _STARTED or ticket.started_at is None:
             raise ValueError(f"finish() needs a started ticket, got {ticket!r}")
         now = self._clock.now()
         service_time = now - ticket.started_at
         self._release(ticket)
-        ticket.state = TicketState.FINISHED
+        ticket.state = _FINISHED
         ticket.ended_at = now
         self._finished[ticket._index] += 1
         if self._options.service_rate is None:
@@ -666,25 +698,24 @@ class AdmissionController:
         """
         self._check_owner(ticket)
         state = ticket.state
-        if state is TicketState.WAITING:
+        if state is _WAITING:
             parked = ticket._parked
             if not parked:
                 self._ready -= 1  # its heap entry is skipped when it reaches the top
             self._leave_queue(ticket)
             if not parked:
-                self._unpark(ticket.tenant)
-        elif state is TicketState.STARTED:
+                self._unpark(ticket._load)
+            self._forget_if_idle(ticket)
+        elif state is _STARTED:
             self._release(ticket)
         else:
             return False
         now = self._clock.now()
-        ticket.state = TicketState.CANCELLED
+        ticket.state = _CANCELLED
         ticket.ended_at = now
         self._cancelled[ticket._index] += 1
         if self._on_event is not None:
-            self._on_event(
-                TicketCancelled(ticket=ticket, at=now, was_started=state is TicketState.STARTED)
-            )
+            self._on_event(TicketCancelled(ticket=ticket, at=now, was_started=state is _STARTED))
         return True
 
     # ----------------------------------------------------------------------- gauges
@@ -706,11 +737,13 @@ class AdmissionController:
 
     def tenant_in_flight(self, tenant: str) -> int:
         """Tickets of ``tenant`` holding a slot now."""
-        return self._tenant_in_flight.get(tenant, 0)
+        load = self._tenants.get(tenant)
+        return load.in_flight if load is not None else 0
 
     def tenant_waiting(self, tenant: str) -> int:
         """Tickets of ``tenant`` waiting now."""
-        return self._tenant_waiting.get(tenant, 0)
+        load = self._tenants.get(tenant)
+        return load.waiting if load is not None else 0
 
     @property
     def mean_service_time(self) -> float:
@@ -852,7 +885,7 @@ class AdmissionController:
         best: int | None = None
         best_key = math.inf
         for index, heap in enumerate(self._heaps):
-            while heap and heap[0][1].state is not TicketState.WAITING:
+            while heap and heap[0][1].state is not _WAITING:
                 heapq.heappop(heap)
             if not heap:
                 continue
@@ -877,55 +910,53 @@ class AdmissionController:
 
     def _park(self, ticket: Ticket) -> None:
         ticket._parked = True
-        heapq.heappush(self._parked.setdefault(ticket.tenant, []), (ticket._seq, ticket))
+        heapq.heappush(ticket._load.parked, (ticket._seq, ticket))
 
-    def _unpark(self, tenant: str) -> None:
+    def _unpark(self, load: _TenantLoad) -> None:
         # Called whenever a tenant's slot frees or one of its startable tickets leaves the heap
         # unstarted, so a parked ticket always has a started or startable sibling whose end
         # will release it: parked work is never stranded.
-        parked = self._parked.get(tenant)
+        parked = load.parked
         if not parked:
             return
         limit = self._options.tenant_max_in_flight
-        if limit is not None and self._tenant_in_flight.get(tenant, 0) >= limit:
+        if limit is not None and load.in_flight >= limit:
             return
         while parked:
             _, ticket = heapq.heappop(parked)
-            if ticket.state is TicketState.WAITING:
+            if ticket.state is _WAITING:
                 ticket._parked = False
                 heapq.heappush(self._heaps[ticket._index], (ticket._seq, ticket))
                 self._ready += 1
                 break
-        if not parked:
-            self._parked.pop(tenant, None)
+
+    def _forget_if_idle(self, ticket: Ticket) -> None:
+        # Called after a ticket ends; its tenant's counts then say whether anything is left.
+        load = ticket._load
+        if load.in_flight == 0 and load.waiting == 0:
+            del self._tenants[ticket.tenant]
 
     def _leave_queue(self, ticket: Ticket) -> None:
         self._waiting[ticket._index] -= 1
         self._total_waiting -= 1
-        tenant = ticket.tenant
-        left = self._tenant_waiting[tenant] - 1
-        if left:
-            self._tenant_waiting[tenant] = left
-        else:
-            del self._tenant_waiting[tenant]
-            self._parked.pop(tenant, None)  # anything still parked there is cancelled
+        load = ticket._load
+        load.waiting -= 1
+        if load.waiting == 0:
+            load.parked.clear()  # anything still parked there is cancelled
 
     def _begin(self, ticket: Ticket, now: float) -> None:
-        ticket.state = TicketState.STARTED
+        ticket.state = _STARTED
         ticket.started_at = now
         ticket._parked = False
         self._in_flight += 1
-        self._tenant_in_flight[ticket.tenant] = self._tenant_in_flight.get(ticket.tenant, 0) + 1
+        ticket._load.in_flight += 1
         self._started[ticket._index] += 1
         if self._on_event is not None:
             self._on_event(TicketStarted(ticket=ticket, at=now, waited=now - ticket.offered_at))
 
     def _release(self, ticket: Ticket) -> None:
         self._in_flight -= 1
-        tenant = ticket.tenant
-        left = self._tenant_in_flight[tenant] - 1
-        if left:
-            self._tenant_in_flight[tenant] = left
-        else:
-            del self._tenant_in_flight[tenant]
-        self._unpark(tenant)
+        load = ticket._load
+        load.in_flight -= 1
+        self._unpark(load)
+        self._forget_if_idle(ticket)
