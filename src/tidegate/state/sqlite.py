@@ -4,6 +4,11 @@ SQLite calls are short and local, so they run inline on the event loop instead o
 thread (a hop costs more than the statement). Writers serialise on the database's write lock:
 ``BEGIN IMMEDIATE`` makes each deciding read-modify-write atomic across the processes that share the
 file, and ``busy_timeout`` bounds how long one waits before the store reports a ``StoreError``.
+
+On an event loop the batches of one round of callbacks share a transaction and its commit (see
+:class:`SQLiteDatabase`), and the bucket and quota stores keep a row cache that holds only while
+no other connection has committed (see :class:`SQLiteBucketStore`); ``docs/state.md`` explains
+both.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 import orjson
+import structlog
 
 from tidegate.clock import Clock
 from tidegate.errors import StoreError
@@ -52,6 +60,15 @@ __all__ = [
 
 T = TypeVar("T")
 
+_log = structlog.get_logger("tidegate")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
 
 def _current_task_id() -> int:
     try:
@@ -80,15 +97,110 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE reservations (
         id TEXT PRIMARY KEY, subject TEXT NOT NULL, day INTEGER NOT NULL, amount BLOB NOT NULL);
     """,
+    # The tables every request writes, keyed by their text key alone (WITHOUT ROWID): one b-tree
+    # each instead of a rowid table plus a key index, so a commit writes half the pages.
+    """
+    CREATE TABLE buckets_2 (
+        key TEXT PRIMARY KEY, tokens REAL NOT NULL, updated REAL NOT NULL) WITHOUT ROWID;
+    INSERT INTO buckets_2 (key, tokens, updated) SELECT key, tokens, updated FROM buckets;
+    DROP TABLE buckets;
+    ALTER TABLE buckets_2 RENAME TO buckets;
+    CREATE TABLE quotas_2 (subject TEXT PRIMARY KEY, usage BLOB NOT NULL) WITHOUT ROWID;
+    INSERT INTO quotas_2 (subject, usage) SELECT subject, usage FROM quotas;
+    DROP TABLE quotas;
+    ALTER TABLE quotas_2 RENAME TO quotas;
+    CREATE TABLE reservations_2 (
+        id TEXT PRIMARY KEY, subject TEXT NOT NULL, day INTEGER NOT NULL, amount BLOB NOT NULL)
+        WITHOUT ROWID;
+    INSERT INTO reservations_2 (id, subject, day, amount)
+        SELECT id, subject, day, amount FROM reservations;
+    DROP TABLE reservations;
+    ALTER TABLE reservations_2 RENAME TO reservations;
+    """,
 )
 
 
+class _Done:
+    """An awaitable that is already done: nothing to wait for."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from ()
+
+
+_DONE = _Done()
+
+
+class _Batch:
+    """:meth:`SQLiteDatabase.batch`: a plain class, cheaper than a generator context manager."""
+
+    __slots__ = ("_db", "_joined", "_outer")
+
+    def __init__(self, db: SQLiteDatabase) -> None:
+        self._db = db
+        self._outer = False
+        self._joined = False
+
+    def __enter__(self) -> None:
+        db = self._db
+        if db._batch_owner is not None:
+            return  # already in a batch: join it
+        db._batch_owner = _current_task_id()
+        try:
+            self._joined = db._begin_batch()
+        except sqlite3.Error as exc:
+            db._batch_owner = None
+            raise StoreError(f"sqlite {db.path}: {exc}", original=exc) from exc
+        self._outer = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if not self._outer:
+            return
+        db = self._db
+        db._batch_owner = None
+        failed = exc_type is not None and issubclass(exc_type, (sqlite3.Error, StoreError))
+        try:
+            db._end_batch(joined=self._joined, failed=failed)
+        except sqlite3.Error as error:
+            raise StoreError(f"sqlite {db.path}: {error}", original=error) from error
+
+
 class SQLiteDatabase:
-    """One connection to one file, shared by every SQLite store of a process."""
+    """One connection to one file, shared by every SQLite store of a process.
+
+    Group commit: a batch run on an event loop does not commit on its way out. It leaves the
+    write transaction open until the loop's next round of callbacks, so that the batches of every
+    request handled in this round share one ``BEGIN IMMEDIATE`` ... ``COMMIT`` (and each page
+    they change is written to the WAL once instead of once per request). A batch that starts
+    while such a transaction is open joins it. Right after its batch (without yielding first) the
+    caller awaits :meth:`committed`, and acts on what the batch decided only when that returns: a
+    decision takes effect once it is durable. A failed commit, or a database error in any batch
+    of the round (which rolls the whole transaction back), reaches every batch that was in it as
+    a ``StoreError``. A call outside a batch first commits the open transaction, then runs in one
+    of its own, as before; so does a batch with no running event loop.
+    """
 
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
         self._batch_owner: int | None = None
+        #: The thread whose event loop commits the open group transaction (None: none open).
+        self._group_thread: int | None = None
+        #: That thread's loop, whose next round commits it.
+        self._group_loop: asyncio.AbstractEventLoop | None = None
+        #: Resolved when the open group transaction commits (or fails).
+        self._group_waiters: list[asyncio.Future[None]] = []
+        #: The stores' row caches hold for this epoch only. It moves on when a write transaction
+        #: finds that another connection committed since ours (``PRAGMA data_version``), and
+        #: whenever this connection rolls back or a statement fails.
+        self.rows_epoch = 0
+        self._data_version: int | None = None
+        self._group_batches = 0
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -124,15 +236,34 @@ class SQLiteDatabase:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``: one atomic decision, rolled back on any error."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``: one atomic decision, rolled back on any error.
+
+        An open group transaction is committed first, or joined when it belongs to another
+        thread's event loop (a test reading the gateway's state from outside).
+        """
         conn = self._conn
+        if self._group_thread is not None:
+            if self._group_thread != threading.get_ident():
+                yield conn
+                return
+            self._commit_group()
         conn.execute("BEGIN IMMEDIATE")
         try:
+            self._began()
             yield conn
         except BaseException:
+            self.rows_epoch += 1
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _began(self) -> None:
+        """Right after ``BEGIN IMMEDIATE`` (the write lock is ours): whether anyone else has
+        committed since our last transaction decides whether the row caches still hold."""
+        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        if version != self._data_version:
+            self._data_version = version
+            self.rows_epoch += 1
 
     def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` in one transaction (or in the open batch), wrapping driver errors."""
@@ -143,41 +274,103 @@ class SQLiteDatabase:
             with self.transaction() as conn:
                 return work(conn)
         except sqlite3.Error as exc:
+            self.rows_epoch += 1  # whatever the failed statement left, read the rows again
             raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> AbstractContextManager[None]:
         """Run the store calls made inside as one transaction: one lock and one commit.
 
         The pipeline decides a request's rate limits and budget reservation in one batch, and
         settles in another. Every call inside must complete without yielding to the event loop
         (SQLite calls never do); a call from another task meanwhile is a bug and raises. The
-        batch commits on the way out, also when a policy refused (its bucket take stands), and
-        rolls back only on a database error.
+        batch's writes stand on the way out, also when a policy refused (its bucket take stands),
+        and are undone only on a database error. On an event loop they are committed with the
+        other batches of the same round (see the class docstring): await :meth:`committed`.
         """
-        if self._batch_owner is not None:
-            yield  # already in a batch: join it
-            return
-        self._batch_owner = _current_task_id()
-        conn = self._conn
+        return _Batch(self)
+
+    def committed(self) -> Awaitable[None]:
+        """Await it until the batches run so far are committed; ``StoreError`` if that failed."""
+        if self._group_thread != threading.get_ident():
+            return _DONE  # nothing open here: every batch so far committed on its way out
+        if self._group_loop is not _running_loop():
+            self._commit_group()  # opened under a loop that is gone: commit it now
+            return _DONE
+        # A future per waiter: a waiter cancelled while it waits cancels only its own.
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._group_waiters.append(waiter)
+        return waiter
+
+    def _begin_batch(self) -> bool:
+        """Open a batch; True when it joined the open group transaction."""
+        if self._group_thread is not None:
+            if self._group_thread != threading.get_ident():
+                return True  # another thread's loop commits it (a test reading from outside)
+            if self._group_loop is _running_loop():
+                return True
+            # Opened under a loop of this thread that is no longer running (its round never
+            # came): nobody else will commit it.
+            self._commit_group()
+        self._conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            self._batch_owner = None
-            raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
-        try:
-            yield
-        except (sqlite3.Error, StoreError):
-            self._batch_owner = None
+            self._began()
+        except sqlite3.Error:
             with suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+                self._conn.execute("ROLLBACK")
             raise
-        except BaseException:
-            self._batch_owner = None
-            conn.execute("COMMIT")
-            raise
-        self._batch_owner = None
-        conn.execute("COMMIT")
+        return False
+
+    def _end_batch(self, *, joined: bool, failed: bool) -> None:
+        if failed:
+            # Undo the transaction: this batch, and any batch of this round that joined it
+            # before (each of those is waiting in committed() and learns of it there).
+            self.rows_epoch += 1
+            with suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            self._fail_group(StoreError(f"sqlite {self.path}: a batch of this round failed"))
+            return
+        if joined:
+            self._group_batches += 1
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a synchronous caller: commit now
+            self._conn.execute("COMMIT")
+            return
+        self._group_thread = threading.get_ident()
+        self._group_loop = loop
+        self._group_batches = 1
+        loop.call_soon(self._commit_group)
+
+    def _commit_group(self) -> None:
+        """Commit the open group transaction and tell everyone waiting for it."""
+        if self._group_thread is None:
+            return
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.rows_epoch += 1
+            with suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            _log.warning(
+                "sqlite_commit_failed", path=self.path, batches=self._group_batches, error=str(exc)
+            )
+            self._fail_group(StoreError(f"sqlite {self.path}: commit failed: {exc}", original=exc))
+            return
+        waiters, self._group_waiters = self._group_waiters, []
+        self._group_thread = self._group_loop = None
+        self._group_batches = 0
+        for waiter in waiters:
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_result(None)
+
+    def _fail_group(self, error: StoreError) -> None:
+        waiters, self._group_waiters = self._group_waiters, []
+        self._group_thread = self._group_loop = None
+        self._group_batches = 0
+        for waiter in waiters:
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_exception(StoreError(error.message, original=error.original))
 
     def _check_batch_owner(self) -> None:
         if _current_task_id() != self._batch_owner:
@@ -192,6 +385,8 @@ class SQLiteDatabase:
             raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
 
     def close(self) -> None:
+        if self._group_thread is not None:
+            self._commit_group()
         self._conn.close()
 
 
@@ -332,27 +527,52 @@ class SQLiteFlagStore:
         return [AuditRecord(f, _load(o), _load(n), w, y, a) for f, o, n, w, y, a in rows]
 
 
+#: How many rows a store's row cache holds (then it starts over).
+ROW_CACHE_MAX = 10_000
+
+
 class SQLiteBucketStore:
+    """Token buckets, one row each.
+
+    Row cache: the store remembers each bucket state it read or wrote, with the database's
+    ``rows_epoch``. A take inside a write transaction of the same epoch (no other connection has
+    committed since, and nothing was rolled back) starts from the remembered state instead of
+    reading the row: it is the row's value, so the decision is the same.
+    """
+
     def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
         self._db = db
         self._clock = clock
+        self._known: dict[str, tuple[int, float, float]] = {}
 
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
         now = self._clock.wall()
 
         def work(conn: sqlite3.Connection) -> TakeResult:
-            row = conn.execute(
-                "SELECT tokens, updated FROM buckets WHERE key = ?", (key,)
-            ).fetchone()
-            state = full_bucket(options, now) if row is None else BucketState(row[0], row[1])
+            epoch = self._db.rows_epoch
+            known = self._known.get(key)
+            if known is not None and known[0] == epoch:
+                state = BucketState(known[1], known[2])
+            else:
+                row = conn.execute(
+                    "SELECT tokens, updated FROM buckets WHERE key = ?", (key,)
+                ).fetchone()
+                state = full_bucket(options, now) if row is None else BucketState(row[0], row[1])
             new, result = take(state, options, now, n)
             conn.execute(
                 "INSERT OR REPLACE INTO buckets (key, tokens, updated) VALUES (?, ?, ?)",
                 (key, new.tokens, new.updated),
             )
+            _remember(self._known, key, (epoch, new.tokens, new.updated))
             return result
 
         return self._db.run(work)
+
+
+def _remember(cache: dict[str, Any], key: str, value: Any) -> None:
+    if len(cache) >= ROW_CACHE_MAX and key not in cache:
+        cache.clear()
+    cache[key] = value
 
 
 def _usage_from(blob: bytes) -> Usage:
@@ -368,23 +588,39 @@ def _cost_blob(cost: Cost) -> bytes:
 
 
 class SQLiteQuotaStore:
+    """Daily usage per subject (a JSON blob) and the open reservations.
+
+    Row cache: as :class:`SQLiteBucketStore` does with bucket states, the store remembers each
+    subject's usage it read or wrote, with the database's ``rows_epoch``, and within the same
+    epoch uses it instead of reading and decoding the row again.
+    """
+
     def __init__(self, db: SQLiteDatabase, clock: Clock) -> None:
         self._db = db
         self._clock = clock
         self._swept_day = -1
+        self._known: dict[str, tuple[int, Usage]] = {}
 
-    @staticmethod
-    def _load(conn: sqlite3.Connection, subject: str, now: float) -> Usage:
-        row = conn.execute("SELECT usage FROM quotas WHERE subject = ?", (subject,)).fetchone()
-        usage = Usage(day=day_number(now)) if row is None else _usage_from(row[0])
+    def _load(self, conn: sqlite3.Connection, subject: str, now: float) -> Usage:
+        epoch = self._db.rows_epoch
+        known = self._known.get(subject)
+        if known is not None and known[0] == epoch:
+            usage = known[1]
+        else:
+            row = conn.execute("SELECT usage FROM quotas WHERE subject = ?", (subject,)).fetchone()
+            if row is None:
+                usage = Usage(day=day_number(now))
+            else:
+                usage = _usage_from(row[0])
+                _remember(self._known, subject, (epoch, usage))
         return rollover(usage, now)
 
-    @staticmethod
-    def _store(conn: sqlite3.Connection, subject: str, usage: Usage) -> None:
+    def _store(self, conn: sqlite3.Connection, subject: str, usage: Usage) -> None:
         conn.execute(
             "INSERT OR REPLACE INTO quotas (subject, usage) VALUES (?, ?)",
             (subject, _usage_blob(usage)),
         )
+        _remember(self._known, subject, (self._db.rows_epoch, usage))
 
     async def reserve(
         self, subject: str, options: BudgetOptions, estimate: Cost

@@ -89,6 +89,7 @@ class _Backend:
     ping: Callable[[], Awaitable[None]] = _nothing
     close: Callable[[], Awaitable[None]] = _nothing
     batch: Callable[[], AbstractContextManager[None]] = nullcontext
+    committed: Callable[[], Awaitable[None]] = _nothing
     redis: RedisDatabase | None = None
     postgres: PostgresDatabase | None = None
 
@@ -127,6 +128,7 @@ def _sqlite(url: str, clock: Clock, timeout_s: float) -> _Backend:
         ping=ping,
         close=close,
         batch=db.batch,
+        committed=db.committed,
     )
 
 
@@ -225,12 +227,22 @@ class Stores:
         """
         await self._backends[0].ping()
 
+    @property
+    def one_backend(self) -> bool:
+        """Whether the durable and the fast stores are one backend (so share its batches)."""
+        return self._backends[0] is self._backends[-1]
+
     def batch(self) -> AbstractContextManager[None]:
         """Group the fast store's next calls into one transaction where the backend can (SQLite).
 
         Elsewhere it changes nothing: each call stays atomic on its own.
         """
         return self._backends[-1].batch()
+
+    def committed(self) -> Awaitable[None]:
+        """Await it until the fast store's batches so far are durable (SQLite commits the
+        batches of one event-loop round together); ``StoreError`` if their commit failed."""
+        return self._backends[-1].committed()
 
     async def ping(self) -> None:
         """Raise ``StoreError`` unless every backend answers."""
