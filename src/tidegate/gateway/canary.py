@@ -131,6 +131,8 @@ def validation_failed(body: Mapping[str, Any], finish_reason: str | None, conten
     if finish_reason == "length":
         return True
     wanted = body.get("response_format")
+    if wanted is None:  # the usual case, without the cost of an ABC isinstance check
+        return False
     if not isinstance(wanted, Mapping) or wanted.get("type") not in ("json_object", "json_schema"):
         return False
     try:

@@ -6,11 +6,55 @@ bounded sets (route aliases, provider names, classes, outcome codes), never ids.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, generate_latest
 
 __all__ = ["Metrics"]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _CachedChildren:
+    """``labels(*values)`` remembers each child by its values: the request path asks for the same
+    few label sets on every request, and prometheus_client's own lookup (validation, string
+    conversion, a lock) costs several times a dict lookup. The label values are bounded sets, so
+    the cache holds exactly the children the metric holds anyway."""
+
+    _children_by_values: dict[tuple[Any, ...], Any]
+
+    def labels(self, *values: Any, **by_name: Any) -> Any:
+        if by_name:
+            return super().labels(*values, **by_name)  # type: ignore[misc]
+        try:
+            return self._children_by_values[values]
+        except AttributeError:
+            self._children_by_values = {}
+        except KeyError:
+            pass
+        child = self._children_by_values[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+    def remove(self, *values: Any) -> None:
+        self.__dict__.pop("_children_by_values", None)
+        super().remove(*values)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self.__dict__.pop("_children_by_values", None)
+        super().clear()  # type: ignore[misc]
+
+
+class Counter(_CachedChildren, prometheus_client.Counter):
+    pass
+
+
+class Gauge(_CachedChildren, prometheus_client.Gauge):
+    pass
+
+
+class Histogram(_CachedChildren, prometheus_client.Histogram):
+    pass
 
 
 class Metrics:
@@ -37,6 +81,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        #: Set from ``Runtime.in_flight`` when /metrics is scraped, not on every request.
         self.in_flight = Gauge(
             "tidegate_in_flight_requests", "Requests being handled now.", registry=r
         )

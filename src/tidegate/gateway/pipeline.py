@@ -100,9 +100,19 @@ class Exchange:
     version: str = ""
     #: A truncated answer, or not the JSON the request asked for (judged by the canary gate).
     validation_failed: bool = False
+    _tried_memo: tuple[tuple[int, tuple[Skip, ...]], str] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def tried_header(self) -> str:
-        return describe_attempts(self.tried, self.skipped)
+        # Asked for the answer's headers, the log line and the span: described once per change.
+        seen = (len(self.tried), self.skipped)
+        memo = self._tried_memo
+        if memo is not None and memo[0] == seen:
+            return memo[1]
+        text = describe_attempts(self.tried, self.skipped)
+        self._tried_memo = (seen, text)
+        return text
 
     def answer_headers(self) -> list[tuple[str, str]]:
         headers = [("x-request-id", self.request_id)]
@@ -256,13 +266,18 @@ async def reserve_budget(
     return reservation, alias
 
 
+def _entry_lost(rt: Runtime, settle: Settlement) -> None:
+    """The commit of the entry decisions failed and undid them all: no reservation is held, and
+    the request fails closed as a failed reservation would."""
+    settle.reservation = None
+    rt.metrics.store_errors.labels("quotas" if rt.budget else "buckets", "fail_closed").inc()
+
+
 # --------------------------------------------------------------------------- routing and calls
 
 
 def plan_for(rt: Runtime, route: Route, identity: Identity) -> RoutePlan:
-    approved = {
-        n for n, cfg in rt.provider_configs.items() if cfg.approved_fallback and n not in rt.blocked
-    }
+    approved = rt.approved_fallbacks()
     open_breakers = {s.name for s in route.specs if not rt.breakers[s.name].would_admit()}
     return plan_route(
         route.specs, data_class=identity.data_class, approved=approved, open_breakers=open_breakers
@@ -581,10 +596,19 @@ class Settlement:
 
     async def run(self) -> None:
         with self.rt.stores.batch():  # one SQLite transaction for the whole settlement
-            await self._run()
+            written = await self._run()
+        if not written:
+            return
+        try:
+            await self.rt.stores.committed()  # committed with the other batches of this round
+        except StoreError as exc:
+            for store in written:
+                self._lost(store, exc)
 
-    async def _run(self) -> None:
+    async def _run(self) -> list[str]:
+        """Settle what is owed; returns the stores written (their commit may still fail)."""
         rt, ex = self.rt, self.ex
+        written: list[str] = []
         if self.ticket is not None:
             rt.admission.exit(self.ticket, completed=self.served)
             self.ticket = None
@@ -598,9 +622,9 @@ class Settlement:
                     )
                 else:
                     await rt.stores.quotas.refund(reservation)
+                written.append("quotas")
             except StoreError as exc:
-                rt.metrics.store_errors.labels("quotas", "settle_lost").inc()
-                log.warning("budget_settle_failed", request_id=ex.request_id, error=str(exc))
+                self._lost("quotas", exc)
         if self.idempotency is not None:
             key, token = self.idempotency
             self.idempotency = None
@@ -611,9 +635,16 @@ class Settlement:
                     )
                 else:
                     await rt.stores.idempotency.abandon(key, token)
+                if rt.stores.one_backend:  # in the same transaction as the budget's
+                    written.append("idempotency")
             except StoreError as exc:
-                rt.metrics.store_errors.labels("idempotency", "settle_lost").inc()
-                log.warning("idempotency_settle_failed", request_id=ex.request_id, error=str(exc))
+                self._lost("idempotency", exc)
+        return written
+
+    def _lost(self, store: str, exc: StoreError) -> None:
+        self.rt.metrics.store_errors.labels(store, "settle_lost").inc()
+        event = "budget_settle_failed" if store == "quotas" else "idempotency_settle_failed"
+        log.warning(event, request_id=self.ex.request_id, error=str(exc))
 
 
 def _record_canary(rt: Runtime, ex: Exchange, started: float) -> None:
@@ -711,6 +742,12 @@ async def chat_completions(
         with rt.stores.batch():  # one SQLite transaction for the entry decisions
             await apply_rate_limits(rt, identity)
             settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
+        try:
+            # Decided above, in effect once durable (SQLite commits a round's batches together).
+            await rt.stores.committed()
+        except StoreError:
+            _entry_lost(rt, settle)
+            raise
         ex.route = alias
         route = rt.routes[alias]
         canary = rt.canaries.get(alias)
@@ -847,6 +884,8 @@ async def _single_flight(
     In this process followers await the leader's future; across replicas (a Redis store) the
     leader holds a lease in Redis and the others read its result from there.
     """
+    if not cacheable:  # nothing to share: the request leads its own call
+        return (await _lead(rt, ex, key, route, body, deadline, plan, cacheable))[0]
     flights = rt.flights
     if cacheable and key in flights:
         rt.metrics.single_flight.inc()

@@ -40,6 +40,11 @@ def _invisible() -> frozenset[str]:
 INVISIBLE_CHARACTERS: Final[frozenset[str]] = _invisible()
 
 _STRIP_TABLE: Final[dict[int, None]] = {ord(char): None for char in INVISIBLE_CHARACTERS}
+#: The ASCII ones alone: most answers are ASCII without any, and finding out is far cheaper than
+#: translating the text character by character.
+_ASCII_INVISIBLE: Final[re.Pattern[str]] = re.compile(
+    "[" + "".join(re.escape(char) for char in sorted(INVISIBLE_CHARACTERS) if char.isascii()) + "]"
+)
 
 #: ``clean`` repeats the deny patterns until nothing changes; a replacement can complete a new
 #: match with its neighbours, so one pass is not always a fixed point. This bounds pathological
@@ -49,6 +54,8 @@ _MAX_PASSES: Final = 8
 
 def strip_invisible(text: str) -> str:
     """``text`` without the characters in :data:`INVISIBLE_CHARACTERS`."""
+    if text.isascii() and _ASCII_INVISIBLE.search(text) is None:
+        return text
     return text.translate(_STRIP_TABLE)
 
 

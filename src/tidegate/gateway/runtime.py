@@ -201,6 +201,24 @@ class Runtime:
     local_buckets: dict[BucketOptions, TokenBucket] = field(default_factory=dict)
     in_flight: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
+
+    def approved_fallbacks(self) -> frozenset[str]:
+        """Providers approved as automatic fallbacks, less those the eval gate blocks.
+
+        Worked out again only when ``blocked`` (reloaded every few seconds) is another set: the
+        provider configs are fixed for the runtime's life.
+        """
+        blocked = self.blocked
+        memo = self._approved_memo
+        if memo is None or memo[0] is not blocked:
+            approved = {
+                n
+                for n, cfg in self.provider_configs.items()
+                if cfg.approved_fallback and n not in blocked
+            }
+            memo = self._approved_memo = (blocked, frozenset(approved))
+        return memo[1]
 
     def ready_problems(self) -> list[str]:
         problems = [] if self.providers else ["no providers configured"]
@@ -211,7 +229,8 @@ class Runtime:
         return problems
 
     def refresh_gauges(self) -> None:
-        """The gauges that are read from the policies at scrape time."""
+        """The gauges that are read from the policies (and the request count) at scrape time."""
+        self.metrics.in_flight.set(self.in_flight)
         self.refresh_breaker_metrics()
         self.admission.refresh_metrics()
 

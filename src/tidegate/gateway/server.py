@@ -14,6 +14,7 @@ import uvicorn
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
+from tidegate.gateway.requestlog import request_log
 
 __all__ = ["app_from_env", "configure_logging", "git_sha", "run"]
 
@@ -51,9 +52,12 @@ def configure_logging(config: Config) -> None:
         # orjson renders bytes straight to the stream: the log line is on every request's path.
         processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
         factory = structlog.BytesLoggerFactory(sys.stdout.buffer)
+        # The request line itself skips the processor chain and renders the same JSON directly.
+        request_log.direct(sys.stdout.buffer, enabled=level <= logging.INFO)
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
         factory = structlog.PrintLoggerFactory(sys.stdout)
+        request_log.through_structlog()
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -67,7 +71,7 @@ def app_from_env() -> Gateway:
     path = Path(os.environ[CONFIG_ENV])
     config = load_config(path)
     configure_logging(config)
-    return Gateway(config, path, git_sha=git_sha())
+    return Gateway(config, path, git_sha=git_sha(), tune_gc=True)
 
 
 def run(
@@ -98,13 +102,16 @@ def run(
         "log_level": "warning",
         "timeout_graceful_shutdown": config.server.drain_seconds,
         "server_header": False,
+        # tidegate reads neither the client address nor the scheme: no X-Forwarded-* rewriting
+        # of them on every request.
+        "proxy_headers": False,
     }
     _announce(config, config_path, host, port)
     if workers > 1:
         os.environ[CONFIG_ENV] = str(config_path.resolve())
         uvicorn.run("tidegate.gateway.server:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
         return
-    uvicorn.run(Gateway(config, config_path, git_sha=git_sha()), **common)  # type: ignore[arg-type]
+    uvicorn.run(Gateway(config, config_path, git_sha=git_sha(), tune_gc=True), **common)  # type: ignore[arg-type]
 
 
 def _announce(config: Config, config_path: Path, host: str, port: int) -> None:

@@ -38,6 +38,7 @@ from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 
 import aiohttp
+from yarl import URL
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
@@ -137,6 +138,8 @@ class OpenAIProvider:
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
+        # Parsed once: aiohttp would parse the string on every request.
+        self._chat_url = URL(f"{self.base_url}/chat/completions")
         self._session = session
         self._model_map = dict(model_map or {})
         self._clock: Clock = clock or SystemClock()
@@ -156,7 +159,7 @@ class OpenAIProvider:
         """POST ``/chat/completions`` with ``stream: false``."""
         answer = await post_json(
             self._session,
-            f"{self.base_url}/chat/completions",
+            self._chat_url,
             headers=self._headers,
             payload=self._payload(body, stream=False),
             timeout=timeout,

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, parse_retry_after
@@ -145,7 +146,7 @@ def error_info(body: bytes | JSONObject) -> ErrorInfo:
 
 async def post_json(
     session: aiohttp.ClientSession,
-    url: str,
+    url: str | URL,
     *,
     headers: Mapping[str, str],
     payload: JSONObject,
