@@ -33,6 +33,7 @@ heap (one pending arrival time compared with the heap's top).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -49,8 +50,11 @@ from tidegate.lab.report import ClassReport, Latency, Report
 from tidegate.lab.workload import (
     Arrivals,
     ClosedLoop,
+    Deterministic,
     Distribution,
     Exponential,
+    Sampler,
+    Stream,
     Trace,
     TraceRecord,
 )
@@ -59,6 +63,7 @@ from tidegate.policy.admission import (
     AdmissionEvent,
     AdmissionOptions,
     AdmissionSnapshot,
+    Ticket,
     TicketExpired,
     TicketState,
 )
@@ -87,13 +92,18 @@ _STARTED: Final = TicketState.STARTED
 _WAITING: Final = TicketState.WAITING
 
 
-def _never(previous: float) -> float:
-    del previous
-    return math.inf
+class _NoArrivals(Stream):
+    """The open-loop stream of a closed loop or a trace: nothing ever comes from it."""
+
+    __slots__ = ()
+
+    def following(self, previous: float) -> float:
+        del previous
+        return math.inf
 
 
-def _zero() -> float:
-    return 0.0
+_NEVER: Final = _NoArrivals()
+_ZERO: Final = Deterministic(value=0.0).sampler(random.Random(0))
 
 
 def _live(snapshot: AdmissionSnapshot, klass: str) -> int:
@@ -337,7 +347,7 @@ class Simulation:
         options = fleet.admission
         self.classes: tuple[str, ...] = options.classes
         self._class_index = {name: i for i, name in enumerate(self.classes)}
-        self._expired: list[Any] = []
+        self._expired: list[Ticket] = []
         self._watch_expiry = options.drop_expired_at_dequeue and (
             traffic.deadline is not None or traffic.patience is not None
         )
@@ -411,10 +421,24 @@ class Simulation:
     # ----------------------------------------------------------------------- the loop
 
     def run(self) -> Report:
-        """Run to the horizon and report on the window. A simulation runs once."""
+        """Run to the horizon and report on the window. A simulation runs once.
+
+        The cyclic garbage collector is paused for the run: the loop allocates a ticket and an
+        event per request and builds no cycles, so its passes would find nothing to free (plain
+        reference counting frees all of it). It is restored on the way out, whatever happens.
+        """
         if self._ran:
             raise RuntimeError("a Simulation runs once; build a new one to run again")
         self._ran = True
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self) -> Report:
         traffic, fleet = self.traffic, self.fleet
         classes = self.classes
         nclass = len(classes)
@@ -433,8 +457,8 @@ class Simulation:
         trace: tuple[TraceRecord, ...] = arrivals.records if isinstance(arrivals, Trace) else ()
         trace_len = len(trace)
         trace_pos = 0
-        following: Callable[[float], float] = _never
-        think: Callable[[], float] = _zero
+        following: Stream = _NEVER
+        think: Sampler = _ZERO
         if isinstance(arrivals, ClosedLoop):
             think = arrivals.think.sampler(self._rng("think"))
             next_arrival = math.inf
@@ -442,7 +466,7 @@ class Simulation:
             next_arrival = trace[0].at
         else:
             following = arrivals.stream(self._rng("arrivals"))
-            next_arrival = following(0.0)
+            next_arrival = following.following(0.0)
 
         mix_rnd = self._rng("mix").random
         if traffic.mix is not None and not trace:
@@ -488,7 +512,7 @@ class Simulation:
             draw_io = arrivals.latencies().sampler(self._rng("io"))
         trace_io: dict[Any, float] = {}
         has_cpu = fleet.cpu is not None
-        draw_cpu = fleet.cpu.sampler(self._rng("cpu")) if fleet.cpu is not None else _zero
+        draw_cpu = fleet.cpu.sampler(self._rng("cpu")) if fleet.cpu is not None else _ZERO
 
         # --- bookkeeping
         tallies = [_Tally() for _ in classes]
@@ -520,7 +544,7 @@ class Simulation:
             self._push(min(self._tick[0], horizon), _TICK, None, 0, 0.0)
         if isinstance(arrivals, ClosedLoop):
             for client in range(arrivals.clients):
-                self._push(think(), _CLIENT, client, 0, 0.0)
+                self._push(think.draw(), _CLIENT, client, 0, 0.0)
         seq = self._seq
 
         slots = fleet.admission.slots
@@ -537,6 +561,11 @@ class Simulation:
         STARTED, WAITING = _STARTED, _WAITING
         multi_class = nclass > 1
         inf = math.inf
+        # Typed once, so the compiled build reads tickets' fields and does their arithmetic
+        # natively (an event tuple's payload is Any).
+        ticket: Ticket
+        started: Ticket | None
+        arrived = 0.0
 
         while True:
             # ---- next event: the pending open-loop arrival or the heap's top
@@ -593,11 +622,12 @@ class Simulation:
                         good_in_window += 1
                 if closed:
                     seq += 1
-                    push(heap, (t + think(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
+                    push(heap, (t + think.draw(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
                 # ---- the scheduling loop: fill every free slot, in the controller's order
                 if worker.held > worker.in_flight:
                     controller = worker.controller
-                    while worker.in_flight < slots and (ticket := controller.start()) is not None:
+                    while worker.in_flight < slots and (started := controller.start()) is not None:
+                        ticket = started
                         busy += 1
                         worker.in_flight += 1
                         arrived = ticket.offered_at
@@ -605,13 +635,13 @@ class Simulation:
                             tally = tallies[class_index[ticket.klass]] if multi_class else tally0
                             tally.started += 1
                             tally.wait_sum += t - arrived
-                        io = trace_io.pop(ticket) if io_from_records else draw_io()
+                        io = trace_io.pop(ticket) if io_from_records else draw_io.draw()
                         if has_cpu:
                             if worker.free_cores:
                                 worker.free_cores -= 1
                                 cpu_busy += 1
                                 seq += 1
-                                push(heap, (t + draw_cpu(), seq, CPU_DONE, ticket, w, io))
+                                push(heap, (t + draw_cpu.draw(), seq, CPU_DONE, ticket, w, io))
                             else:
                                 worker.cpu_queue.append((ticket, io))
                         else:
@@ -639,7 +669,10 @@ class Simulation:
                                 live_start_sum -= begin
                             if closed:
                                 seq += 1
-                                push(heap, (t + think(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
+                                push(
+                                    heap,
+                                    (t + think.draw(), seq, CLIENT, clients.pop(ticket), 0, 0.0),
+                                )
                         expired_buffer.clear()
                 continue
 
@@ -657,10 +690,10 @@ class Simulation:
                         ) from None
                     tenant = record.tenant
                     if io_from_records:
-                        io = record.latency if record.latency is not None else draw_io()
+                        io = record.latency if record.latency is not None else draw_io.draw()
                 else:
                     if kind < 0:
-                        next_arrival = following(t)
+                        next_arrival = following.following(t)
                     if pick_class:
                         ci = bisect_right(cumulative, mix_rnd())
                         if ci >= nclass:
@@ -669,7 +702,7 @@ class Simulation:
                         ci = 0
                     tenant = tenant_names[int(mix_rnd() * ntenants)] if ntenants > 1 else "default"
                 if patience is not None:
-                    deadline_at = t + patience()
+                    deadline_at = t + patience.draw()
                 elif has_deadline:
                     relative = deadlines[ci]
                     deadline_at = None if relative is None else t + relative
@@ -703,7 +736,7 @@ class Simulation:
                         reasons[refusal.reason] = reasons.get(refusal.reason, 0) + 1
                     if closed:
                         seq += 1
-                        push(heap, (t + think(), seq, CLIENT, event[3], 0, 0.0))
+                        push(heap, (t + think.draw(), seq, CLIENT, event[3], 0, 0.0))
                     continue
                 n += 1
                 worker.held += 1
@@ -720,13 +753,13 @@ class Simulation:
                     if counted:
                         tally.started += 1
                     if not io_from_records:
-                        io = draw_io()
+                        io = draw_io.draw()
                     if has_cpu:
                         if worker.free_cores:
                             worker.free_cores -= 1
                             cpu_busy += 1
                             seq += 1
-                            push(heap, (t + draw_cpu(), seq, CPU_DONE, ticket, w, io))
+                            push(heap, (t + draw_cpu.draw(), seq, CPU_DONE, ticket, w, io))
                         else:
                             worker.cpu_queue.append((ticket, io))
                     else:
@@ -750,7 +783,7 @@ class Simulation:
                 if worker.cpu_queue:
                     queued_ticket, queued_io = worker.cpu_queue.popleft()
                     seq += 1
-                    push(heap, (t + draw_cpu(), seq, CPU_DONE, queued_ticket, w, queued_io))
+                    push(heap, (t + draw_cpu.draw(), seq, CPU_DONE, queued_ticket, w, queued_io))
                 else:
                     worker.free_cores += 1
                     cpu_busy -= 1
@@ -782,7 +815,7 @@ class Simulation:
                     live_start_sum -= begin
                 if closed:
                     seq += 1
-                    push(heap, (t + think(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
+                    push(heap, (t + think.draw(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
                 continue
 
             # ---- a tick, a scheduled call, or the end of the warm-up

@@ -36,6 +36,8 @@ __all__ = [
     "LogNormal",
     "Piecewise",
     "Poisson",
+    "Sampler",
+    "Stream",
     "Trace",
     "TraceRecord",
     "load_trace",
@@ -51,6 +53,136 @@ def _check_positive(name: str, value: float) -> None:
 def _check_non_negative(name: str, value: float) -> None:
     if isinstance(value, bool) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+class Sampler:
+    """Draws one time per call, from the random stream it was made with.
+
+    Call it (``sampler()``) or call ``draw()``: the engine does the latter, which the compiled
+    build turns into a direct call that returns an unboxed float.
+    """
+
+    __slots__ = ()
+
+    def draw(self) -> float:
+        raise NotImplementedError
+
+    def __call__(self) -> float:
+        return self.draw()
+
+
+class Stream:
+    """Gives the next arrival time after the previous one (``stream(previous)`` or
+    ``following(previous)``), from the random stream it was made with."""
+
+    __slots__ = ()
+
+    def following(self, previous: float) -> float:
+        raise NotImplementedError
+
+    def __call__(self, previous: float) -> float:
+        return self.following(previous)
+
+
+class _ExponentialSampler(Sampler):
+    __slots__ = ("_mean", "_rnd")
+
+    def __init__(self, rnd: Callable[[], float], mean: float) -> None:
+        self._rnd = rnd
+        self._mean = mean
+
+    def draw(self) -> float:
+        return -math.log(1.0 - self._rnd()) * self._mean
+
+
+class _DeterministicSampler(Sampler):
+    __slots__ = ("_value",)
+
+    def __init__(self, value: float) -> None:
+        self._value = value
+
+    def draw(self) -> float:
+        return self._value
+
+
+class _LogNormalSampler(Sampler):
+    __slots__ = ("_gauss", "_mu", "_sigma")
+
+    def __init__(self, gauss: Callable[[float, float], float], mu: float, sigma: float) -> None:
+        self._gauss = gauss
+        self._mu = mu
+        self._sigma = sigma
+
+    def draw(self) -> float:
+        return math.exp(self._mu + self._sigma * self._gauss(0.0, 1.0))
+
+
+class _EmpiricalSampler(Sampler):
+    __slots__ = ("_n", "_rnd", "_values")
+
+    def __init__(self, rnd: Callable[[], float], values: tuple[float, ...]) -> None:
+        self._rnd = rnd
+        self._values = values
+        self._n = len(values)
+
+    def draw(self) -> float:
+        return self._values[int(self._rnd() * self._n)]
+
+
+class _PoissonStream(Stream):
+    __slots__ = ("_mean_gap", "_rnd")
+
+    def __init__(self, rnd: Callable[[], float], mean_gap: float) -> None:
+        self._rnd = rnd
+        self._mean_gap = mean_gap
+
+    def following(self, previous: float) -> float:
+        return previous - math.log(1.0 - self._rnd()) * self._mean_gap
+
+
+class _ConstantStream(Stream):
+    __slots__ = ("_count", "_gap")
+
+    def __init__(self, gap: float) -> None:
+        self._gap = gap
+        self._count = 0
+
+    def following(self, previous: float) -> float:
+        # Counting avoids the drift of adding the gap again and again.
+        del previous
+        self._count += 1
+        return self._count * self._gap
+
+
+class _PiecewiseStream(Stream):
+    __slots__ = ("_bounds", "_rates", "_rnd")
+
+    def __init__(self, rnd: Callable[[], float], bounds: list[float], rates: list[float]) -> None:
+        self._rnd = rnd
+        self._bounds = bounds
+        self._rates = rates
+
+    def following(self, previous: float) -> float:
+        # Exponential gaps are memoryless, so a gap that crosses a boundary is redrawn from the
+        # boundary at the new rate: exact for a piecewise-constant rate.
+        bounds, rates = self._bounds, self._rates
+        now = previous
+        index = 0
+        while bounds[index] <= now:
+            index += 1
+        while True:
+            rate = rates[index]
+            if rate > 0:
+                candidate = now - math.log(1.0 - self._rnd()) / rate
+                if candidate < bounds[index]:
+                    return candidate
+            now = bounds[index]
+            if now == math.inf:
+                return math.inf
+            index += 1
 
 
 # --------------------------------------------------------------------------- distributions
@@ -70,14 +202,9 @@ class Exponential:
         """Squared coefficient of variation: variance over squared mean."""
         return 1.0
 
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
-        """A function drawing one time per call from ``rng``."""
-        rnd, log, mean = rng.random, math.log, self.mean
-
-        def draw() -> float:
-            return -log(1.0 - rnd()) * mean
-
-        return draw
+    def sampler(self, rng: random.Random) -> Sampler:
+        """A sampler drawing one time per call from ``rng``."""
+        return _ExponentialSampler(rng.random, self.mean)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,10 +224,9 @@ class Deterministic:
     def scv(self) -> float:
         return 0.0
 
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
+    def sampler(self, rng: random.Random) -> Sampler:
         del rng  # nothing to draw
-        value = self.value
-        return lambda: value
+        return _DeterministicSampler(self.value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,13 +253,8 @@ class LogNormal:
     def median(self) -> float:
         return self.mean / math.sqrt(1.0 + self.scv)
 
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
-        gauss, exp, mu, sigma = rng.gauss, math.exp, math.log(self.median), self.sigma
-
-        def draw() -> float:
-            return exp(mu + sigma * gauss(0.0, 1.0))
-
-        return draw
+    def sampler(self, rng: random.Random) -> Sampler:
+        return _LogNormalSampler(rng.gauss, math.log(self.median), self.sigma)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,13 +283,8 @@ class Empirical:
         variance = math.fsum((v - mean) ** 2 for v in self.values) / len(self.values)
         return variance / (mean * mean)
 
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
-        values, rnd, n = self.values, rng.random, len(self.values)
-
-        def draw() -> float:
-            return values[int(rnd() * n)]
-
-        return draw
+    def sampler(self, rng: random.Random) -> Sampler:
+        return _EmpiricalSampler(rng.random, self.values)
 
 
 Distribution: TypeAlias = Exponential | Deterministic | LogNormal | Empirical
@@ -215,14 +331,9 @@ class Poisson:
         del horizon
         return self.rate
 
-    def stream(self, rng: random.Random) -> Callable[[float], float]:
-        """A function from the previous arrival time to the next one."""
-        rnd, log, mean_gap = rng.random, math.log, 1.0 / self.rate
-
-        def following(previous: float) -> float:
-            return previous - log(1.0 - rnd()) * mean_gap
-
-        return following
+    def stream(self, rng: random.Random) -> Stream:
+        """A stream from the previous arrival time to the next one."""
+        return _PoissonStream(rng.random, 1.0 / self.rate)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,19 +349,9 @@ class Constant:
         del horizon
         return self.rate
 
-    def stream(self, rng: random.Random) -> Callable[[float], float]:
+    def stream(self, rng: random.Random) -> Stream:
         del rng
-        gap = 1.0 / self.rate
-        count = 0
-
-        def following(previous: float) -> float:
-            # Counting avoids the drift of adding the gap again and again.
-            nonlocal count
-            del previous
-            count += 1
-            return count * gap
-
-        return following
+        return _ConstantStream(1.0 / self.rate)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -291,30 +392,10 @@ class Piecewise:
                 total += rate * (end - start)
         return total / horizon
 
-    def stream(self, rng: random.Random) -> Callable[[float], float]:
-        rnd, log, steps = rng.random, math.log, self.steps
+    def stream(self, rng: random.Random) -> Stream:
+        steps = self.steps
         bounds = [start for start, _ in steps[1:]] + [math.inf]
-        rates = [rate for _, rate in steps]
-
-        def following(previous: float) -> float:
-            # Exponential gaps are memoryless, so a gap that crosses a boundary is redrawn from
-            # the boundary at the new rate: exact for a piecewise-constant rate.
-            now = previous
-            index = 0
-            while bounds[index] <= now:
-                index += 1
-            while True:
-                rate = rates[index]
-                if rate > 0:
-                    candidate = now - log(1.0 - rnd()) / rate
-                    if candidate < bounds[index]:
-                        return candidate
-                now = bounds[index]
-                if now == math.inf:
-                    return math.inf
-                index += 1
-
-        return following
+        return _PiecewiseStream(rng.random, bounds, [rate for _, rate in steps])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

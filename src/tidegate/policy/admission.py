@@ -58,6 +58,10 @@ __all__ = [
 
 _POLICY: Final = "admission"
 
+# Bound once: the compiled build reads a module-level Final directly, not through the module.
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
+
 AdmissionMode: TypeAlias = Literal["queue_cap", "deadline"]
 DequeueOrder: TypeAlias = Literal["fifo", "strict", "weighted"]
 
@@ -262,14 +266,14 @@ class Ticket:
         "_index",
         "_load",
         "_owner",
+        "_ended",
         "_parked",
         "_seq",
+        "_started",
         "deadline_at",
-        "ended_at",
         "klass",
         "offered_at",
         "request_id",
-        "started_at",
         "state",
         "tenant",
     )
@@ -279,14 +283,15 @@ class Ticket:
     tenant: str
     deadline_at: float | None
     offered_at: float
-    started_at: float | None
-    ended_at: float | None
     state: TicketState
     _index: int
     _load: _TenantLoad
     _owner: AdmissionController
     _parked: bool
     _seq: int
+    # Times as plain floats (nan: not yet), which the compiled build keeps unboxed.
+    _started: float
+    _ended: float
 
     def __init__(
         self,
@@ -306,14 +311,26 @@ class Ticket:
         self.tenant = tenant
         self.deadline_at = deadline_at
         self.offered_at = offered_at
-        self.started_at = None
-        self.ended_at = None
+        self._started = math.nan
+        self._ended = math.nan
         self.state = _WAITING
         self._index = index
         self._load = load
         self._owner = owner
         self._parked = False
         self._seq = seq
+
+    @property
+    def started_at(self) -> float | None:
+        """When it took a slot; ``None`` until then."""
+        started = self._started
+        return None if math.isnan(started) else started
+
+    @property
+    def ended_at(self) -> float | None:
+        """When it finished, was cancelled or expired; ``None`` while live."""
+        ended = self._ended
+        return None if math.isnan(ended) else ended
 
     def __repr__(self) -> str:
         return (
@@ -622,7 +639,7 @@ class AdmissionController:
         if tenant_busy:
             self._park(ticket)
         else:
-            heapq.heappush(self._heaps[index], (ticket._seq, ticket))
+            _heappush(self._heaps[index], (ticket._seq, ticket))
             self._ready += 1
         return ticket
 
@@ -643,13 +660,13 @@ class AdmissionController:
             index = self._pick(order)
             if index is None:
                 return None
-            _, ticket = heapq.heappop(self._heaps[index])
+            _, ticket = _heappop(self._heaps[index])
             self._ready -= 1
             deadline_at = ticket.deadline_at
             if options.drop_expired_at_dequeue and deadline_at is not None and now >= deadline_at:
                 self._leave_queue(ticket)
                 ticket.state = _EXPIRED
-                ticket.ended_at = now
+                ticket._ended = now
                 self._expired[index] += 1
                 if self._on_event is not None:
                     self._on_event(
@@ -674,13 +691,13 @@ class AdmissionController:
         Raises ``ValueError`` unless the ticket is this controller's and ``STARTED``.
         """
         self._check_owner(ticket)
-        if ticket.state is not _STARTED or ticket.started_at is None:
+        if ticket.state is not _STARTED:
             raise ValueError(f"finish() needs a started ticket, got {ticket!r}")
         now = self._clock.now()
-        service_time = now - ticket.started_at
+        service_time = now - ticket._started
         self._release(ticket)
         ticket.state = _FINISHED
-        ticket.ended_at = now
+        ticket._ended = now
         self._finished[ticket._index] += 1
         if self._options.service_rate is None:
             alpha = self._options.service_time_smoothing
@@ -712,7 +729,7 @@ class AdmissionController:
             return False
         now = self._clock.now()
         ticket.state = _CANCELLED
-        ticket.ended_at = now
+        ticket._ended = now
         self._cancelled[ticket._index] += 1
         if self._on_event is not None:
             self._on_event(TicketCancelled(ticket=ticket, at=now, was_started=state is _STARTED))
@@ -886,7 +903,7 @@ class AdmissionController:
         best_key = math.inf
         for index, heap in enumerate(self._heaps):
             while heap and heap[0][1].state is not _WAITING:
-                heapq.heappop(heap)
+                _heappop(heap)
             if not heap:
                 continue
             if order == "strict":
@@ -910,7 +927,7 @@ class AdmissionController:
 
     def _park(self, ticket: Ticket) -> None:
         ticket._parked = True
-        heapq.heappush(ticket._load.parked, (ticket._seq, ticket))
+        _heappush(ticket._load.parked, (ticket._seq, ticket))
 
     def _unpark(self, load: _TenantLoad) -> None:
         # Called whenever a tenant's slot frees or one of its startable tickets leaves the heap
@@ -923,10 +940,10 @@ class AdmissionController:
         if limit is not None and load.in_flight >= limit:
             return
         while parked:
-            _, ticket = heapq.heappop(parked)
+            _, ticket = _heappop(parked)
             if ticket.state is _WAITING:
                 ticket._parked = False
-                heapq.heappush(self._heaps[ticket._index], (ticket._seq, ticket))
+                _heappush(self._heaps[ticket._index], (ticket._seq, ticket))
                 self._ready += 1
                 break
 
@@ -941,12 +958,12 @@ class AdmissionController:
         self._total_waiting -= 1
         load = ticket._load
         load.waiting -= 1
-        if load.waiting == 0:
+        if load.waiting == 0 and load.parked:
             load.parked.clear()  # anything still parked there is cancelled
 
     def _begin(self, ticket: Ticket, now: float) -> None:
         ticket.state = _STARTED
-        ticket.started_at = now
+        ticket._started = now
         ticket._parked = False
         self._in_flight += 1
         ticket._load.in_flight += 1
