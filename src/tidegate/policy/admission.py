@@ -263,10 +263,10 @@ class Ticket:
     writes them."""
 
     __slots__ = (
+        "_ended",
         "_index",
         "_load",
         "_owner",
-        "_ended",
         "_parked",
         "_seq",
         "_started",
