@@ -62,6 +62,15 @@ class Call:
     replayed: bool
 
 
+async def in_flight(client: httpx.AsyncClient, url: str) -> float:
+    """The replica's model requests in progress, from its own /metrics."""
+    response = await client.get(f"{url}/metrics")
+    for line in response.text.splitlines():
+        if line.startswith("tidegate_in_flight_requests "):
+            return float(line.split()[1])
+    return 0.0
+
+
 @pytest.fixture(scope="module")
 def state(services: Services) -> Iterator[SharedState]:
     with shared_state(services.redis_url, services.postgres_url) as fresh:
@@ -128,6 +137,13 @@ async def test_sigkill_mid_run_loses_and_duplicates_no_completed_request(
     async def killer() -> None:
         while len(answers) < KEYS // 3:
             await CLOCK.asleep(0.01)
+        # Kill while the victim is handling a request, so that the kill interrupts one (on a busy
+        # machine the moment above can fall where it holds none); bounded, then kill anyway.
+        async with httpx.AsyncClient(timeout=2.0) as probe:
+            for _ in range(200):
+                if await in_flight(probe, fleet.replicas[VICTIM].url) >= 1:
+                    break
+                await CLOCK.asleep(0.005)
         moments["killed"] = CLOCK.now()
         fleet.kill(VICTIM)
         await CLOCK.asleep(DOWN_S)

@@ -9,6 +9,7 @@ import pytest
 
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import LOW_KEY, fake
+from tidegate.gateway import http, pipeline
 from tidegate.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.asyncio
@@ -42,6 +43,34 @@ async def test_idempotency_key_replays_the_stored_answer(gateway_client: AppFact
         assert second.content == first.content
         assert second.headers["idempotent-replayed"] == "true"
         assert attempts(app) == 1
+
+
+async def test_an_idempotent_answer_is_stored_before_it_is_sent(
+    gateway_client: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that dies right after sending leaves a key that replays, not one in progress."""
+    order: list[str] = []
+    original_send = http.send_bytes
+
+    async def spy_send(send: Any, status: int, *args: Any, **kwargs: Any) -> None:
+        order.append(f"send {status}")
+        await original_send(send, status, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "send_bytes", spy_send)
+    async with gateway_client(one_route()) as (client, app):
+        store = app.runtime.stores.idempotency
+        original_complete = store.complete
+
+        async def spy_complete(*args: Any, **kwargs: Any) -> None:
+            order.append("complete")
+            await original_complete(*args, **kwargs)
+
+        monkeypatch.setattr(store, "complete", spy_complete)
+        response = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"Idempotency-Key": "k-order"}
+        )
+        assert response.status_code == 200
+    assert order == ["complete", "send 200"]
 
 
 async def test_idempotency_key_with_another_body_is_422(gateway_client: AppFactory) -> None:

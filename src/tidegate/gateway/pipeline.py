@@ -641,6 +641,23 @@ class Settlement:
                 self._lost("idempotency", exc)
         return written
 
+    async def complete_idempotency(self) -> None:
+        """Store the answer under the request's idempotency key now, if it has one. On a store
+        error the key stays owed, and the settlement tries again (or abandons it)."""
+        if self.idempotency is None or self.stored is None:
+            return
+        key, token = self.idempotency
+        try:
+            await self.rt.stores.idempotency.complete(
+                key, token, self.stored, ttl_s=self.rt.config.idempotency.ttl_s
+            )
+        except StoreError as exc:
+            log.warning(
+                "idempotency_complete_deferred", request_id=self.ex.request_id, error=str(exc)
+            )
+            return
+        self.idempotency = None
+
     def _lost(self, store: str, exc: StoreError) -> None:
         self.rt.metrics.store_errors.labels(store, "settle_lost").inc()
         event = "budget_settle_failed" if store == "quotas" else "idempotency_settle_failed"
@@ -866,6 +883,9 @@ async def _answer_json(
     settle.stored = StoredResponse(200, payload, {"content-type": "application/json"})
     settle.served = True
     ex.status = 200
+    # Recorded before it is sent: a replica that dies between the two then leaves a key that
+    # replays this answer, not one stuck "in progress" whose answer the caller already holds.
+    await settle.complete_idempotency()
     await send_bytes(send, 200, payload, headers)
 
 
