@@ -17,7 +17,6 @@ from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.config import Config
 from tidegate.gateway.http import (
     ClientDisconnected,
-    DisconnectWatch,
     Receive,
     Scope,
     Send,
@@ -29,7 +28,6 @@ from tidegate.gateway.http import (
 )
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
-from tidegate.gateway.requestlog import request_log
 from tidegate.gateway.runtime import (
     Runtime,
     build_runtime,
@@ -275,7 +273,7 @@ class Gateway:
             if ex.outcome not in ("ok",) and ex.status >= 400:
                 klass = ex.identity.priority if ex.identity else "-"
                 rt.metrics.refusals.labels(klass, ex.outcome).inc()
-            request_log.info(
+            log.info(
                 "request",
                 request_id=ex.request_id,
                 route=ex.route,
@@ -306,10 +304,9 @@ class Gateway:
     ) -> None:
         """Run the handler in this task; a client that goes away first cancels it.
 
-        A :class:`DisconnectWatch` waits for ``http.disconnect`` (without a task of its own). A
-        disconnect after the last byte was sent, or once the request is settling its bookkeeping,
-        is the normal end of the exchange and cancels nothing; the settlement itself is shielded
-        when a cancellation does arrive.
+        One watcher task waits for ``http.disconnect``. A disconnect after the last byte was sent,
+        or once the request is settling its bookkeeping, is the normal end of the exchange and
+        cancels nothing; the settlement itself is shielded when a cancellation does arrive.
         """
         this = asyncio.current_task()
         assert this is not None
@@ -322,14 +319,16 @@ class Gateway:
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 responded = True
 
-        def disconnected() -> None:
+        async def watch() -> None:
             nonlocal cancelled_here
+            while (await receive())["type"] != "http.disconnect":
+                pass
             if not responded and not ex.settling:
                 cancelled_here = True
                 ex.outcome, ex.status = "client_closed", 499
                 this.cancel()
 
-        watcher = DisconnectWatch(receive, disconnected)
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
             await handler(rt, ex, headers, body, tracked_send)
         except asyncio.CancelledError:
@@ -337,7 +336,7 @@ class Gateway:
                 raise
             this.uncancel()
         finally:
-            watcher.close()
+            watcher.cancel()
 
     # ------------------------------------------------------------------ GET routes
 

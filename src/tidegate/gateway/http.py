@@ -6,16 +6,7 @@ handful of routes, and every microsecond it adds is latency on every model call.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Coroutine,
-    Generator,
-    Iterable,
-    Mapping,
-    MutableMapping,
-)
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import orjson
@@ -24,7 +15,6 @@ from tidegate.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaTyp
 
 __all__ = [
     "ClientDisconnected",
-    "DisconnectWatch",
     "Receive",
     "Scope",
     "Send",
@@ -138,116 +128,3 @@ async def start_stream(send: Send, headers: Iterable[tuple[str, str]] = ()) -> N
         (b"x-accel-buffering", b"no"),
     ]
     await send({"type": "http.response.start", "status": 200, "headers": raw})
-
-
-class DisconnectWatch:
-    """Calls ``on_disconnect()`` when ``receive()`` reports ``http.disconnect``; ``close()`` stops.
-
-    It needs no task of its own. A task per request only to await ``receive()`` costs more than
-    the rest of the watching (creating and registering the task, scheduling its steps); instead
-    the ``receive()`` coroutine is stepped here, as a task would step it, from the done-callback
-    of each future it waits on. A coroutine that yields anything but an asyncio future or a bare
-    ``yield`` is handed over, as it stands, to a real task, which carries on the same way.
-    """
-
-    __slots__ = ("_closed", "_coro", "_on_disconnect", "_receive", "_task", "_waiting")
-
-    def __init__(self, receive: Receive, on_disconnect: Callable[[], None]) -> None:
-        self._receive = receive
-        self._on_disconnect = on_disconnect
-        self._closed = False
-        self._waiting: asyncio.Future[Any] | asyncio.Handle | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._coro: Coroutine[Any, Any, Message] = receive()  # type: ignore[assignment]
-        self._step(None)
-
-    def close(self) -> None:
-        """Stop watching: drop the pending wait and close the ``receive()`` coroutine."""
-        if self._closed:
-            return
-        self._closed = True
-        waiting, self._waiting = self._waiting, None
-        if isinstance(waiting, asyncio.Handle):
-            waiting.cancel()
-        elif waiting is not None:
-            waiting.remove_done_callback(self._step)
-        if self._task is not None:
-            self._task.cancel()
-        else:
-            self._coro.close()
-
-    def _step(self, _: object) -> None:
-        self._waiting = None
-        if self._closed:
-            return
-        try:
-            yielded = self._coro.send(None)
-        except StopIteration as stop:
-            self._received(stop.value)
-            return
-        except BaseException as exc:  # receive() itself failed: there is nothing left to watch
-            self._closed = True
-            if isinstance(exc, Exception):
-                self._report(exc)
-                return
-            raise
-        loop = asyncio.get_running_loop()
-        if yielded is None:  # a bare yield (``asyncio.sleep(0)``): resume on the next round
-            self._waiting = loop.call_soon(self._step, None)
-        elif asyncio.isfuture(yielded) and getattr(yielded, "_asyncio_future_blocking", False):
-            yielded._asyncio_future_blocking = False
-            yielded.add_done_callback(self._step)
-            self._waiting = yielded
-        else:
-            self._task = loop.create_task(self._in_a_task(yielded))
-
-    def _received(self, message: Message) -> None:
-        if message["type"] == "http.disconnect":
-            self._closed = True
-            self._on_disconnect()
-            return
-        self._coro = self._receive()  # type: ignore[assignment]
-        self._step(None)
-
-    async def _in_a_task(self, yielded: Any) -> None:
-        try:
-            message = await _Resumed(self._coro, yielded)
-            while message["type"] != "http.disconnect":
-                message = await self._receive()
-        except Exception as exc:
-            self._report(exc)
-            return
-        self._closed = True
-        self._on_disconnect()
-
-    @staticmethod
-    def _report(exc: Exception) -> None:
-        asyncio.get_running_loop().call_exception_handler(
-            {"message": "watching for http.disconnect failed", "exception": exc}
-        )
-
-
-class _Resumed:
-    """Awaiting it carries on a coroutine that already yielded ``yielded`` (``yield from``)."""
-
-    __slots__ = ("_coro", "_yielded")
-
-    def __init__(self, coro: Coroutine[Any, Any, Message], yielded: Any) -> None:
-        self._coro = coro
-        self._yielded = yielded
-
-    def __await__(self) -> Generator[Any, Any, Message]:
-        value = self._yielded
-        while True:
-            try:
-                sent = yield value
-            except BaseException as exc:
-                try:
-                    value = self._coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]
-            else:
-                try:
-                    value = self._coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]

@@ -14,7 +14,6 @@ import uvicorn
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
-from tidegate.gateway.requestlog import request_log
 
 __all__ = ["app_from_env", "configure_logging", "git_sha", "run"]
 
@@ -52,12 +51,9 @@ def configure_logging(config: Config) -> None:
         # orjson renders bytes straight to the stream: the log line is on every request's path.
         processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
         factory = structlog.BytesLoggerFactory(sys.stdout.buffer)
-        # The request line itself skips the processor chain and renders the same JSON directly.
-        request_log.direct(sys.stdout.buffer, enabled=level <= logging.INFO)
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
         factory = structlog.PrintLoggerFactory(sys.stdout)
-        request_log.through_structlog()
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
