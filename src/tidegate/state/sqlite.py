@@ -238,14 +238,10 @@ class SQLiteDatabase:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT``: one atomic decision, rolled back on any error.
 
-        An open group transaction is committed first, or joined when it belongs to another
-        thread's event loop (a test reading the gateway's state from outside).
+        An open group transaction is committed first.
         """
         conn = self._conn
         if self._group_thread is not None:
-            if self._group_thread != threading.get_ident():
-                yield conn
-                return
             self._commit_group()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -304,8 +300,6 @@ class SQLiteDatabase:
     def _begin_batch(self) -> bool:
         """Open a batch; True when it joined the open group transaction."""
         if self._group_thread is not None:
-            if self._group_thread != threading.get_ident():
-                return True  # another thread's loop commits it (a test reading from outside)
             if self._group_loop is _running_loop():
                 return True
             # Opened under a loop of this thread that is no longer running (its round never
