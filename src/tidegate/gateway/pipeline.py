@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,6 +38,7 @@ from tidegate.gateway.auth import Identity
 from tidegate.gateway.canary import apply_version, validation_failed
 from tidegate.gateway.http import Send, send_bytes, start_stream
 from tidegate.gateway.runtime import Flight, Route, Runtime
+from tidegate.ids import new_id
 from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import KillSwitchMode, check_answering
@@ -1129,7 +1129,7 @@ def new_request_id(headers: Mapping[str, str]) -> str:
     given = headers.get("x-request-id", "")
     if 0 < len(given) <= 128 and given.isprintable():
         return given
-    return secrets.token_hex(12)
+    return new_id()
 
 
 def completion_chunks(answer: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidegate.clock import Clock
+from tidegate.ids import new_id
 from tidegate.policy.budget import (
     BudgetDecision,
     BudgetOptions,
@@ -164,7 +165,7 @@ class MemoryQuotaStore:
         now = self._clock.wall()
         current = self._usage.get(subject) or Usage(day=day_number(now))
         usage, reservation, decision = reserve(
-            current, options, now, estimate, subject=subject, reservation_id=secrets.token_hex(8)
+            current, options, now, estimate, subject=subject, reservation_id=new_id()
         )
         self._usage[subject] = usage
         if reservation is not None:

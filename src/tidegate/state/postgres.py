@@ -49,6 +49,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tidegate.clock import Clock
 from tidegate.errors import StoreError
+from tidegate.ids import new_id
 from tidegate.policy.budget import (
     BudgetDecision,
     BudgetOptions,
@@ -725,7 +726,7 @@ class PostgresQuotaStore:
     async def reserve(
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
-        rid = secrets.token_hex(8)
+        rid = new_id()
 
         async def work(conn: Connection) -> tuple[Reservation | None, BudgetDecision]:
             held = await self._lock(conn, subject)

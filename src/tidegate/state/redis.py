@@ -43,6 +43,7 @@ from redis.exceptions import RedisError
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import StoreError
+from tidegate.ids import new_id
 from tidegate.policy.budget import (
     BudgetDecision,
     BudgetDimension,
@@ -233,7 +234,7 @@ class RedisQuotaStore:
     async def reserve(
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
-        rid = secrets.token_hex(8)
+        rid = new_id()
         quota = options.quota
         verdict, reason, retry_after, day = await self._db.script(
             "quota_reserve",

@@ -28,6 +28,7 @@ import structlog
 
 from tidegate.clock import Clock
 from tidegate.errors import StoreError
+from tidegate.ids import new_id
 from tidegate.policy.budget import (
     BudgetDecision,
     BudgetOptions,
@@ -620,7 +621,7 @@ class SQLiteQuotaStore:
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
         now = self._clock.wall()
-        rid = secrets.token_hex(8)
+        rid = new_id()
 
         def work(conn: sqlite3.Connection) -> tuple[Reservation | None, BudgetDecision]:
             today = day_number(now)
