@@ -46,7 +46,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 from tidegate.clock import Clock
@@ -295,8 +295,12 @@ def reserve(
             verdict=BudgetVerdict.BLOCK, reason=(hopeless or blocking)[0], retry_after=retry_after
         )
         return usage, None, decision
-    new_usage = replace(
-        usage,
+    # Built field by field: dataclasses.replace() costs several times more, on every request.
+    new_usage = Usage(
+        day=usage.day,
+        calls=usage.calls,
+        tokens=usage.tokens,
+        cost=usage.cost,
         reserved_calls=reserved_calls,
         reserved_tokens=reserved_tokens,
         reserved_cost=reserved_cost,
@@ -309,9 +313,13 @@ def reserve(
     return new_usage, reservation, decision
 
 
-def _release(usage: Usage, amount: Cost) -> Usage:
-    return replace(
-        usage,
+def _release(usage: Usage, amount: Cost, used: Cost | None = None) -> Usage:
+    """``usage`` without the reservation of ``amount``, plus ``used`` when it was used."""
+    return Usage(
+        day=usage.day,
+        calls=usage.calls if used is None else usage.calls + used.calls,
+        tokens=usage.tokens if used is None else usage.tokens + used.tokens,
+        cost=usage.cost if used is None else usage.cost + used.cost,
         reserved_calls=max(0, usage.reserved_calls - amount.calls),
         reserved_tokens=max(0, usage.reserved_tokens - amount.tokens),
         reserved_cost=max(0.0, usage.reserved_cost - amount.cost),
@@ -322,13 +330,7 @@ def settle(usage: Usage, reservation: Reservation, actual: Cost) -> Usage:
     """Turn ``reservation`` into use at the ``actual`` amounts (a past day's: no change)."""
     if reservation.day != usage.day:
         return usage
-    released = _release(usage, reservation.amount)
-    return replace(
-        released,
-        calls=released.calls + actual.calls,
-        tokens=released.tokens + actual.tokens,
-        cost=released.cost + actual.cost,
-    )
+    return _release(usage, reservation.amount, actual)
 
 
 def refund(usage: Usage, reservation: Reservation) -> Usage:
