@@ -71,6 +71,91 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
+#: A request still running after this many seconds starts watching for its client to go away.
+WATCH_AFTER_S = 0.05
+
+
+class _Watch:
+    """One request that may need watching: its task, its exchange and its ``receive``."""
+
+    __slots__ = ("cancelled_here", "ex", "receive", "responded", "since", "task", "watcher")
+
+    def __init__(
+        self, task: asyncio.Task[Any], ex: Exchange, receive: Receive, since: float
+    ) -> None:
+        self.task = task
+        self.ex = ex
+        self.receive = receive
+        self.since = since
+        self.responded = False
+        self.cancelled_here = False
+        self.watcher: asyncio.Task[None] | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.watcher = loop.create_task(self._wait_for_disconnect())
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+    async def _wait_for_disconnect(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        ex = self.ex
+        if not self.responded and not ex.settling:
+            self.cancelled_here = True
+            ex.outcome, ex.status = "client_closed", 499
+            self.task.cancel()
+
+
+class DisconnectWatches:
+    """The requests in flight, and a timer that gives each a watcher once it has run a while.
+
+    Adding and discarding a request is a dictionary operation; the one timer runs only while
+    some request is in flight, every :data:`WATCH_AFTER_S` at most. Timing uses the event loop's
+    own clock: this is socket plumbing, not a policy, and must not follow a test's manual clock.
+    """
+
+    def __init__(self, after_s: float = WATCH_AFTER_S) -> None:
+        self.after_s = after_s
+        self._young: dict[_Watch, None] = {}  # oldest first, not yet watched
+        self._watched: set[_Watch] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._watched)
+
+    def add(self, watch: _Watch) -> None:
+        self._young[watch] = None
+        if self._timer is None:
+            loop = watch.task.get_loop()
+            self._timer = loop.call_at(watch.since + self.after_s, self._promote, loop)
+
+    def discard(self, watch: _Watch) -> None:
+        if self._young.pop(watch, 0) is None:
+            return
+        self._watched.discard(watch)
+        watch.stop()
+
+    def _promote(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        due = loop.time() - self.after_s
+        young = self._young
+        while young:
+            watch = next(iter(young))
+            if watch.since > due:
+                self._timer = loop.call_at(watch.since + self.after_s, self._promote, loop)
+                return
+            del young[watch]
+            self._watched.add(watch)
+            watch.start(loop)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class Gateway:
     """An ASGI app; the runtime is built at lifespan start-up (or passed in by tests)."""
 
@@ -92,6 +177,7 @@ class Gateway:
         self._overrides = runtime_overrides
         self._refresher: asyncio.Task[None] | None = None
         self._controller: asyncio.Task[None] | None = None
+        self._watches = DisconnectWatches()
 
     # ------------------------------------------------------------------ lifespan
 
@@ -111,6 +197,7 @@ class Gateway:
             self._controller = loop.create_task(self._control_rollouts_forever())
 
     async def shutdown(self) -> None:
+        self._watches.close()
         for task in (self._refresher, self._controller):
             if task is not None:
                 task.cancel()
@@ -118,6 +205,9 @@ class Gateway:
                     await task
         if self.runtime is not None:
             await close_runtime(self.runtime)
+        from tidegate.gateway.server import flush_logs
+
+        flush_logs()
 
     async def _refresh_flags_forever(self) -> None:
         """Reload the shared flags: at once on a store's change notice, and on a short timer
@@ -292,8 +382,8 @@ class Gateway:
                 duration_s=round(elapsed, 4),
             )
 
-    @staticmethod
     async def _run_watching_disconnect(
+        self,
         rt: Runtime,
         handler: Handler,
         ex: Exchange,
@@ -304,39 +394,31 @@ class Gateway:
     ) -> None:
         """Run the handler in this task; a client that goes away first cancels it.
 
-        One watcher task waits for ``http.disconnect``. A disconnect after the last byte was sent,
-        or once the request is settling its bookkeeping, is the normal end of the exchange and
-        cancels nothing; the settlement itself is shielded when a cancellation does arrive.
+        A request still running after :data:`WATCH_AFTER_S` gets a watcher task that waits for
+        ``http.disconnect`` (most answers are sent sooner, and never pay for one). A disconnect
+        after the last byte was sent, or once the request is settling its bookkeeping, is the
+        normal end of the exchange and cancels nothing; the settlement itself is shielded when a
+        cancellation does arrive.
         """
         this = asyncio.current_task()
         assert this is not None
-        responded = False
-        cancelled_here = False
+        watch = _Watch(this, ex, receive, asyncio.get_running_loop().time())
 
         async def tracked_send(message: MutableMapping[str, Any]) -> None:
-            nonlocal responded
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
-                responded = True
+                watch.responded = True
 
-        async def watch() -> None:
-            nonlocal cancelled_here
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if not responded and not ex.settling:
-                cancelled_here = True
-                ex.outcome, ex.status = "client_closed", 499
-                this.cancel()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
+        self._watches.add(watch)
         try:
             await handler(rt, ex, headers, body, tracked_send)
         except asyncio.CancelledError:
-            if not cancelled_here:
+            # Only the watcher's own cancellation ends here; another one requested meanwhile
+            # (the drain deadline at shutdown) still propagates.
+            if not watch.cancelled_here or this.uncancel() > 0:
                 raise
-            this.uncancel()
         finally:
-            watcher.cancel()
+            self._watches.discard(watch)
 
     # ------------------------------------------------------------------ GET routes
 

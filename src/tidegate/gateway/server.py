@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import subprocess
@@ -14,8 +15,9 @@ import uvicorn
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
+from tidegate.gateway.logsink import RoundBufferedSink
 
-__all__ = ["app_from_env", "configure_logging", "git_sha", "run"]
+__all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
 CONFIG_ENV = "TIDEGATE_CONFIG"
 
@@ -39,6 +41,19 @@ def git_sha() -> str:
     return out.stdout.strip() or "unknown"
 
 
+#: Where the JSON log lines go, once logging is configured.
+_sink: RoundBufferedSink | None = None
+
+
+def flush_logs() -> None:
+    """Write the log lines still buffered (at shutdown and at exit)."""
+    if _sink is not None:
+        _sink.flush()
+
+
+atexit.register(flush_logs)
+
+
 def configure_logging(config: Config) -> None:
     """One JSON object per line on stdout (or readable key=value lines when json_lines is off)."""
     level = getattr(logging, config.logging.level.upper())
@@ -50,7 +65,10 @@ def configure_logging(config: Config) -> None:
     if config.logging.json_lines:
         # orjson renders bytes straight to the stream: the log line is on every request's path.
         processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
-        factory = structlog.BytesLoggerFactory(sys.stdout.buffer)
+        # The lines of one event-loop round leave in one write (flushed at exit too).
+        global _sink
+        flush_logs()
+        factory = _sink = RoundBufferedSink(sys.stdout.buffer)
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
         factory = structlog.PrintLoggerFactory(sys.stdout)

@@ -1,0 +1,162 @@
+"""The log sink writes each event-loop round's lines with one write, and never raises."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import pytest
+import structlog
+
+from tidegate.gateway.logsink import FLUSH_BYTES, RoundBufferedSink
+
+
+class Recorder(io.BytesIO):
+    """A binary stream that keeps every write() call apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.flushes = 0
+
+    def write(self, data: Any, /) -> int:
+        self.writes.append(bytes(data))
+        return super().write(data)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+class Broken(Recorder):
+    """A stream whose writes fail, as a closed pipe's do."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def write(self, data: Any, /) -> int:
+        self.writes.append(bytes(data))
+        raise self.error
+
+
+async def _end_of_round() -> None:
+    """Return once every callback already scheduled with call_soon has run."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(done.set_result, None)
+    await done
+
+
+@pytest.mark.asyncio
+async def test_a_rounds_lines_are_written_together_at_its_end() -> None:
+    stream = Recorder()
+    sink = RoundBufferedSink(stream)
+    sink.msg(b'{"n":1}')
+    sink.info(b'{"n":2}')
+    sink.error(b'{"n":3}')
+    assert stream.writes == []  # nothing before the round ends
+    await _end_of_round()
+    assert stream.writes == [b'{"n":1}\n{"n":2}\n{"n":3}\n']
+    assert stream.flushes == 1
+    sink.warning(b'{"n":4}')
+    assert stream.writes == [b'{"n":1}\n{"n":2}\n{"n":3}\n']
+    await _end_of_round()
+    assert stream.writes[1:] == [b'{"n":4}\n']  # the next round: its own write
+
+
+def test_without_a_loop_each_line_is_written_at_once() -> None:
+    stream = Recorder()
+    sink = RoundBufferedSink(stream)
+    sink.info(b"one")
+    assert stream.writes == [b"one\n"]
+    sink.critical(b"two")
+    assert stream.writes == [b"one\n", b"two\n"]
+    assert stream.getvalue() == b"one\ntwo\n"
+
+
+@pytest.mark.asyncio
+async def test_passing_flush_bytes_writes_before_the_round_ends() -> None:
+    stream = Recorder()
+    sink = RoundBufferedSink(stream)
+    big = b"x" * (FLUSH_BYTES - 10)
+    sink.info(big)
+    assert stream.writes == []
+    sink.info(b"y" * 10)  # now exactly FLUSH_BYTES buffered
+    assert stream.writes == [big + b"\n" + b"y" * 10 + b"\n"]
+    sink.info(b"z")
+    await _end_of_round()
+    assert stream.writes[1:] == [b"z\n"]  # the rest still goes out at the round's end
+    await _end_of_round()
+    assert len(stream.writes) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_single_line_over_flush_bytes_is_written_at_once() -> None:
+    stream = Recorder()
+    sink = RoundBufferedSink(stream)
+    line = b"q" * (FLUSH_BYTES + 1)
+    sink.info(line)
+    assert stream.writes == [line + b"\n"]
+    await _end_of_round()
+    assert len(stream.writes) == 1  # the scheduled flush finds nothing to write
+
+
+def test_flushing_an_empty_buffer_writes_nothing() -> None:
+    stream = Recorder()
+    sink = RoundBufferedSink(stream)
+    sink.flush()
+    assert stream.writes == []
+    assert stream.flushes == 0
+
+
+@pytest.mark.parametrize("error", [OSError(32, "Broken pipe"), ValueError("closed file")])
+def test_a_failing_stream_never_raises(error: Exception) -> None:
+    stream = Broken(error)
+    sink = RoundBufferedSink(stream)
+    sink.info(b"lost")  # no loop: written (and lost) at once
+    sink.flush()
+    assert stream.writes == [b"lost\n"]
+    sink.info(b"also lost")
+    assert stream.writes == [b"lost\n", b"also lost\n"]  # the failed line is not kept
+
+
+@pytest.mark.asyncio
+async def test_a_failing_stream_does_not_break_the_loop() -> None:
+    stream = Broken(OSError(5, "Input/output error"))
+    sink = RoundBufferedSink(stream)
+    sink.info(b"a")
+    sink.info(b"b")
+    await _end_of_round()
+    assert stream.writes == [b"a\nb\n"]
+    sink.flush()  # the buffer was emptied even though the write failed
+    assert stream.writes == [b"a\nb\n"]
+
+
+def test_a_closed_stream_is_ignored() -> None:
+    stream = io.BytesIO()
+    stream.close()
+    sink = RoundBufferedSink(stream)
+    sink.info(b"nowhere")
+    sink.flush()
+
+
+@pytest.mark.asyncio
+async def test_it_serves_as_a_structlog_logger() -> None:
+    """Every logger the factory makes is the one sink; rendered bytes lines go through it."""
+    stream = Recorder()
+    sink = RoundBufferedSink(stream)
+    assert sink() is sink
+    assert sink("any", "name") is sink
+    log = structlog.wrap_logger(
+        sink(),
+        processors=[lambda _logger, _name, event: repr(sorted(event.items())).encode()],
+        wrapper_class=structlog.BoundLogger,
+    )
+    log.info("served", status=200)
+    log.warning("slow", ms=900)
+    assert stream.writes == []
+    await _end_of_round()
+    assert stream.writes == [
+        b"[('event', 'served'), ('status', 200)]\n[('event', 'slow'), ('ms', 900)]\n"
+    ]
