@@ -166,6 +166,28 @@ async def test_the_batches_of_one_round_share_one_commit(tmp_path: Path) -> None
 
 
 @pytest.mark.asyncio
+async def test_a_batch_without_statements_opens_no_transaction(tmp_path: Path) -> None:
+    """A batch begins its transaction at its first statement: one whose calls were all answered
+    without the database (from a lease) costs nothing; the next one that writes begins it."""
+    from tidegate.policy.ratelimit import BucketOptions
+    from tidegate.state.sqlite import SQLiteBucketStore
+
+    db = SQLiteDatabase(tmp_path / "s.db")
+    buckets = SQLiteBucketStore(db, ManualClock())
+    with db.batch():
+        pass
+    assert not _open(db)
+    await db.committed()  # nothing to wait for
+    with db.batch():
+        assert (await buckets.take("a", BucketOptions(rate=1.0, burst=5))).allowed
+    assert _open(db)
+    await db.committed()
+    assert not _open(db)
+    assert _bucket_rows(tmp_path / "s.db") == 1
+    db.close()
+
+
+@pytest.mark.asyncio
 async def test_a_call_outside_a_batch_commits_the_round_first(tmp_path: Path) -> None:
     """A plain store call (an idempotency claim, say) never joins the round's open transaction."""
     from tidegate.policy.ratelimit import BucketOptions

@@ -32,6 +32,7 @@ from tidegate.gateway.runtime import (
     Runtime,
     build_runtime,
     close_runtime,
+    expire_leases,
     refresh_flags,
     refresh_verdicts,
 )
@@ -211,7 +212,8 @@ class Gateway:
 
     async def _refresh_flags_forever(self) -> None:
         """Reload the shared flags: at once on a store's change notice, and on a short timer
-        (notices are a hint: one sent while the subscription was down is never delivered)."""
+        (notices are a hint: one sent while the subscription was down is never delivered).
+        The same rounds settle the budget leases whose time is up."""
         rt = self.runtime
         assert rt is not None
         if isinstance(rt.stores.flags, WatchableFlagStore):
@@ -221,6 +223,7 @@ class Gateway:
         while True:
             await rt.sleep(FLAG_REFRESH_S)
             await refresh_flags(rt)
+            await expire_leases(rt)
             rounds += 1
             if rounds % VERDICT_REFRESH_ROUNDS == 0:
                 refresh_verdicts(rt)
@@ -235,6 +238,7 @@ class Gateway:
                     while True:
                         await changes.next(FLAG_REFRESH_S)
                         await refresh_flags(rt)
+                        await expire_leases(rt)
                         rounds += 1
                         if rounds % VERDICT_REFRESH_ROUNDS == 0:
                             refresh_verdicts(rt)

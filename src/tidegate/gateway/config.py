@@ -89,10 +89,20 @@ class AuthConfig(_Strict):
     admin_keys_file: Path | None = None
 
 
+class LeaseConfig(_Strict):
+    """Rate-limit tokens and budget taken from the state store several requests at a time."""
+
+    #: The most requests one lease covers; 1 switches leases off (every request asks the store).
+    max_chunk: Annotated[int, Field(ge=1, le=1024)] = 32
+    #: How long a lease is drawn from before the store is told what it was used for.
+    hold_s: PositiveFloat = 0.25
+
+
 class StateConfig(_Strict):
     url: str = "sqlite:///.tidegate/state.db"
     fast_url: str | None = None
     timeout_s: PositiveFloat = 0.5
+    leases: LeaseConfig = Field(default_factory=LeaseConfig)
 
 
 class StreamConfig(_Strict):

@@ -46,6 +46,7 @@ from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
 from tidegate.policy.routing import FailoverOptions, ProviderSpec
 from tidegate.providers.base import Provider
+from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores, store_from_urls
 from tidegate.state.verdicts import read_latest_verdicts, verdict_store_for
 
@@ -371,6 +372,14 @@ async def build_runtime(
             clock=clock,
             timeout_s=config.state.timeout_s,
         )
+    leases = config.state.leases
+    if leases.max_chunk > 1:
+        stores.buckets = LeasedBuckets(
+            stores.buckets, clock, max_chunk=leases.max_chunk, hold_s=leases.hold_s
+        )
+        stores.quotas = LeasedQuotas(
+            stores.quotas, clock, max_chunk=leases.max_chunk, hold_s=leases.hold_s
+        )
     if providers is None:
         if session is None:
             session = aiohttp.ClientSession(
@@ -510,6 +519,18 @@ def flag_specs(config: Config) -> list[FlagSpec]:
     return specs
 
 
+async def expire_leases(runtime: Runtime, *, flush: bool = False) -> None:
+    """Settle the budget leases whose time is up (with ``flush``, all of them) in the store."""
+    quotas = runtime.stores.quotas
+    if not isinstance(quotas, LeasedQuotas):
+        return
+    try:
+        await (quotas.flush() if flush else quotas.expire())
+    except StoreError as exc:  # the leases stay reserved in the store: it errs toward refusing
+        runtime.metrics.store_errors.labels("quotas", "settle_lost").inc()
+        log.warning("lease_settle_failed", error=str(exc))
+
+
 async def refresh_flags(runtime: Runtime) -> None:
     """Load the shared flag values into this process's FlagSet (unknown flags are kept aside)."""
     try:
@@ -552,4 +573,5 @@ async def close_runtime(runtime: Runtime) -> None:
         await provider.aclose()
     if runtime.session is not None:
         await runtime.session.close()
+    await expire_leases(runtime, flush=True)
     await runtime.stores.aclose()

@@ -134,26 +134,32 @@ _DONE = _Done()
 
 
 class _Batch:
-    """:meth:`SQLiteDatabase.batch`: a plain class, cheaper than a generator context manager."""
+    """:meth:`SQLiteDatabase.batch`: a plain class, cheaper than a generator context manager.
 
-    __slots__ = ("_db", "_joined", "_outer")
+    The transaction begins with the batch's first statement: a batch whose calls were all
+    answered without the database (from a lease, say) costs no transaction at all.
+    """
+
+    __slots__ = ("_begun", "_db", "_joined", "_outer")
 
     def __init__(self, db: SQLiteDatabase) -> None:
         self._db = db
         self._outer = False
         self._joined = False
+        self._begun = False
 
     def __enter__(self) -> None:
         db = self._db
         if db._batch_owner is not None:
             return  # already in a batch: join it
         db._batch_owner = _current_task_id()
-        try:
-            self._joined = db._begin_batch()
-        except sqlite3.Error as exc:
-            db._batch_owner = None
-            raise StoreError(f"sqlite {db.path}: {exc}", original=exc) from exc
+        db._open_batch = self
         self._outer = True
+
+    def begin(self) -> None:
+        """Begin (or join) the transaction, before the batch's first statement."""
+        self._joined = self._db._begin_batch()
+        self._begun = True
 
     def __exit__(
         self,
@@ -165,6 +171,9 @@ class _Batch:
             return
         db = self._db
         db._batch_owner = None
+        db._open_batch = None
+        if not self._begun:
+            return
         failed = exc_type is not None and issubclass(exc_type, (sqlite3.Error, StoreError))
         try:
             db._end_batch(joined=self._joined, failed=failed)
@@ -190,6 +199,8 @@ class SQLiteDatabase:
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
         self._batch_owner: int | None = None
+        #: The batch open now, whose transaction begins with its first statement.
+        self._open_batch: _Batch | None = None
         #: The thread whose event loop commits the open group transaction (None: none open).
         self._group_thread: int | None = None
         #: That thread's loop, whose next round commits it.
@@ -267,6 +278,9 @@ class SQLiteDatabase:
         try:
             if self._batch_owner is not None:
                 self._check_batch_owner()
+                batch = self._open_batch
+                if batch is not None and not batch._begun:
+                    batch.begin()
                 return work(self._conn)
             with self.transaction() as conn:
                 return work(conn)
