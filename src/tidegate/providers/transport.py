@@ -2,9 +2,10 @@
 
 Everything here borrows the caller's ``aiohttp.ClientSession`` (one per process) and turns every
 way a call can fail into a :class:`~tidegate.errors.ProviderError`. Time limits are enforced
-with ``asyncio.timeout`` around each wait, never with the session's own ``ClientTimeout`` (which
-is switched off per request, so that one mechanism decides and a long stream is not cut at the
-session default of five minutes). Cancellation from outside is never converted: it propagates.
+with :mod:`tidegate.timers` (``asyncio.timeout`` with one timer per event loop) around each
+wait, never with the session's own ``ClientTimeout`` (which is switched off per request, so
+that one mechanism decides and a long stream is not cut at the session default of five
+minutes). Cancellation from outside is never converted: it propagates.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from yarl import URL
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, parse_retry_after
 from tidegate.providers.sse import SSEDecoder, SSEEvent, SSELineTooLong
+from tidegate.timers import timeout_after, timeout_at
 
 __all__ = [
     "NO_CLIENT_TIMEOUT",
@@ -156,7 +158,7 @@ async def post_json(
     """POST ``payload`` as JSON and read the whole answer within ``timeout`` seconds."""
     try:
         async with (
-            asyncio.timeout(timeout),
+            timeout_after(timeout),
             session.post(
                 url, data=orjson.dumps(payload), headers=headers, timeout=NO_CLIENT_TIMEOUT
             ) as response,
@@ -213,7 +215,7 @@ async def stream_events(
     deadline, reason = deadline_and_reason(first=True)
     response: aiohttp.ClientResponse | None = None
     try:
-        async with asyncio.timeout_at(deadline):
+        async with timeout_at(deadline):
             response = await session.post(
                 url, data=orjson.dumps(payload), headers=headers, timeout=NO_CLIENT_TIMEOUT
             )
@@ -223,7 +225,7 @@ async def stream_events(
                 raise error_for(HTTPAnswer(response.status, response.headers, body))
         decoder = SSEDecoder()
         while True:
-            async with asyncio.timeout_at(deadline):
+            async with timeout_at(deadline):
                 data = await response.content.readany()
             events = decoder.feed(data) if data else decoder.end()
             for event in events:

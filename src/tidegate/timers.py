@@ -1,0 +1,155 @@
+"""Timeouts that share one timer per event loop.
+
+``asyncio.timeout`` arms a timer of the event loop for every use and disarms it on the way out.
+On the gateway's request path (one timeout around every upstream call) that was a measurable
+part of each request. :func:`timeout_after` (and :func:`timeout_at`) behave the same way (the block is cancelled when
+the time is up and :class:`TimeoutError` is raised in its place; a cancellation from elsewhere
+propagates unchanged), but every timeout on a loop waits in one heap, and the loop holds a
+single timer, armed for the earliest of them. Most calls end long before their limit: leaving
+the block only marks its entry done, and done entries are dropped when the timer next fires or
+when they outnumber the live ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from types import TracebackType
+from typing import Final
+
+__all__ = ["SharedTimeouts", "timeout_after", "timeout_at"]
+
+#: Done entries kept in the heap before it is rebuilt without them (besides one per live entry).
+_SLACK: Final = 1024
+
+
+class _Entry:
+    __slots__ = ("cancelling", "done", "expired", "task", "when")
+
+    def __init__(self, when: float, task: asyncio.Task[object]) -> None:
+        self.when = when
+        self.task = task
+        self.cancelling = task.cancelling()
+        self.done = False
+        self.expired = False
+
+
+class _Timeout:
+    """The async context manager :meth:`SharedTimeouts.after` returns."""
+
+    __slots__ = ("_entry", "_owner", "_when")
+
+    def __init__(self, owner: SharedTimeouts, when: float | None) -> None:
+        self._owner = owner
+        self._when = when
+        self._entry: _Entry | None = None
+
+    async def __aenter__(self) -> None:
+        if self._when is not None:
+            self._entry = self._owner.add(self._when)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        entry = self._entry
+        if entry is None:  # no limit
+            return
+        self._owner.done(entry)
+        if (
+            entry.expired
+            and entry.task.uncancel() <= entry.cancelling
+            and exc_type is asyncio.CancelledError
+        ):
+            raise TimeoutError from exc
+
+
+class SharedTimeouts:
+    """Every timeout of one event loop, behind one timer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._heap: list[tuple[float, int, _Entry]] = []
+        self._order = itertools.count()
+        self._live = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    def at(self, when: float | None) -> _Timeout:
+        """``async with timeouts.at(when):`` cancels the block at loop time ``when`` (None: never)."""
+        return _Timeout(self, when)
+
+    def add(self, when: float) -> _Entry:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a timeout must be used inside a task")
+        entry = _Entry(when, task)
+        heap = self._heap
+        if len(heap) > 2 * self._live + _SLACK:
+            heap[:] = [item for item in heap if not item[2].done]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (when, next(self._order), entry))
+        self._live += 1
+        if when < self._timer_at:
+            self._arm(when)
+        return entry
+
+    def done(self, entry: _Entry) -> None:
+        if not entry.done:
+            entry.done = True
+            self._live -= 1
+
+    def __len__(self) -> int:
+        """Timeouts still running."""
+        return self._live
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._fire)
+        self._timer_at = when
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        now = self.loop.time()
+        heap = self._heap
+        while heap:
+            when, _, entry = heap[0]
+            if entry.done:
+                heapq.heappop(heap)
+                continue
+            if when > now:
+                self._arm(when)
+                return
+            heapq.heappop(heap)
+            entry.expired = True
+            self.done(entry)
+            entry.task.cancel()
+
+
+_by_loop: dict[int, SharedTimeouts] = {}
+
+
+def _shared(loop: asyncio.AbstractEventLoop) -> SharedTimeouts:
+    timeouts = _by_loop.get(id(loop))
+    if timeouts is None or timeouts.loop is not loop:
+        for key, other in list(_by_loop.items()):
+            if other.loop.is_closed():
+                del _by_loop[key]
+        timeouts = _by_loop[id(loop)] = SharedTimeouts(loop)
+    return timeouts
+
+
+def timeout_after(seconds: float) -> _Timeout:
+    """Like ``asyncio.timeout(seconds)``, sharing the running loop's one timer."""
+    loop = asyncio.get_running_loop()
+    return _shared(loop).at(loop.time() + seconds)
+
+
+def timeout_at(when: float | None) -> _Timeout:
+    """Like ``asyncio.timeout_at(when)``: at loop time ``when``, or never for None."""
+    return _shared(asyncio.get_running_loop()).at(when)
