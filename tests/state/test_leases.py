@@ -340,15 +340,16 @@ def test_a_lease_stops_at_midnight() -> None:
 
 
 def test_a_lease_that_would_degrade_is_refunded_and_the_request_decided_alone() -> None:
-    """A lease of 4 calls would cross the degrade line where one call does not: the request is
-    allowed on its own, and the lease leaves nothing reserved in the store."""
+    """A lease (5 calls: demand would ask for 23, a twentieth of the quota caps it) would cross
+    the degrade line where one call does not: the request is allowed on its own, and the lease
+    leaves nothing reserved in the store."""
 
     async def run() -> None:
         clock = ManualClock()
         options = BudgetOptions(quota=Quota(calls=100), degrade_at=0.5)
         counting = CountingQuotas(MemoryQuotaStore(clock))
         leased = LeasedQuotas(counting, clock)
-        for _ in range(46):  # 46 calls in the first window: the next lease would be 23 calls
+        for _ in range(46):  # 46 calls in the first window: demand alone would lease 23 calls
             reservation, _ = await leased.reserve("a", options, Cost())
             assert reservation is not None
             await leased.settle(reservation, Cost())
@@ -357,7 +358,7 @@ def test_a_lease_that_would_degrade_is_refunded_and_the_request_decided_alone() 
         counting.reserved.clear()
         reservation, decision = await leased.reserve("a", options, Cost())
         assert decision == BudgetDecision(verdict=BudgetVerdict.ALLOW)
-        assert counting.reserved == [Cost(calls=23), Cost()]  # the lease, then the request alone
+        assert counting.reserved == [Cost(calls=5), Cost()]  # the lease, then the request alone
         usage = await leased.store.usage("a")
         assert (usage.calls, usage.reserved_calls) == (46, 1)
         assert reservation is not None
@@ -685,3 +686,21 @@ async def test_a_bucket_lease_passes_the_burst_by_less_than_one_lease() -> None:
     burst_leased = sum([(await leased.take("k", options)).allowed for _ in range(700)])
     assert burst_plain == 640
     assert burst_plain < burst_leased < burst_plain + options.burst / BURST_SHARE
+
+
+@pytest.mark.asyncio
+async def test_a_budget_lease_holds_at_most_a_twentieth_of_each_quota() -> None:
+    """However busy the subject, a lease never reserves more than a twentieth of a limited
+    dimension: that bounds how early another replica can be refused near the limit."""
+    clock = ManualClock()
+    options = BudgetOptions(quota=Quota(tokens=20_000))
+    counting = CountingQuotas(MemoryQuotaStore(clock))
+    leased = LeasedQuotas(counting, clock)
+    for _ in range(600):  # 250 a window: leases of 125 requests, were it not for the quota
+        reservation, _ = await leased.reserve("s", options, Cost(tokens=10))
+        assert reservation is not None
+        await leased.settle(reservation, Cost(tokens=10))
+        clock.advance(0.001)
+    leases = [amount for amount in counting.reserved if amount.calls > 1]
+    assert leases
+    assert max(amount.tokens for amount in leases) == 1_000  # 20,000 / 20

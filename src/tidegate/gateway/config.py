@@ -93,7 +93,7 @@ class LeaseConfig(_Strict):
     """Rate-limit tokens and budget taken from the state store several requests at a time."""
 
     #: The most requests one lease covers; 1 switches leases off (every request asks the store).
-    max_chunk: Annotated[int, Field(ge=1, le=1024)] = 32
+    max_chunk: Annotated[int, Field(ge=1, le=1024)] = 128
     #: How long a lease is drawn from before the store is told what it was used for.
     hold_s: PositiveFloat = 0.25
 

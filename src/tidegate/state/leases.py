@@ -13,10 +13,11 @@ the largest single cost of the request path. A lease asks once for several reque
   leases. A refused lease falls back to taking one token (and no lease is tried again before the
   next window), so a refusal and its ``retry_after`` always come from the store itself.
 * **Budget.** :class:`LeasedQuotas` reserves ``k`` times the request's estimate as one store
-  reservation and draws each request's own reservation from it locally. The store decides the
-  lease as it would any reservation; a lease is only used when that decision is ``allow``, so
-  every request drawn from it is one the store would have allowed (the lease never crosses the
-  degrade threshold or the limit). A lease that is refused, or would degrade, is refunded at
+  reservation and draws each request's own reservation from it locally; ``k`` follows demand as
+  for tokens, and a lease never holds more than a twentieth of any limited dimension's quota.
+  The store decides the lease as it would any reservation; a lease is only used when that
+  decision is ``allow``, so every request drawn from it is one the store would have allowed
+  (the lease never crosses the degrade threshold or the limit). A lease that is refused, or would degrade, is refunded at
   once and the request is reserved on its own, as is every request of that subject until the
   next window: blocks and degrades are decided by the store. A lease stops taking draws after
   ``hold_s`` seconds, on a new UTC day, when a request's estimate no longer fits, or when a
@@ -29,8 +30,8 @@ What this changes, on purpose and bounded:
 * The store learns of a lease's use when the lease retires, within ``hold_s`` (the gateway's
   refresh round calls :meth:`LeasedQuotas.expire`). :meth:`LeasedQuotas.usage` adds this
   process's open leases, so the process itself always reads its exact use. Other replicas see a
-  lease's whole amount as reserved meanwhile, which can make them refuse up to ``max_chunk``
-  requests' worth early, near a limit.
+  lease's whole amount as reserved meanwhile, which can make them refuse early near a limit,
+  by at most that amount (a twentieth of the quota).
 * A process that dies holding a lease leaves its reservation open, as it would leave the
   reservations of its requests in flight: it counts as reserved until the day ends. That errs
   toward refusing, never toward spending more than the budget.
@@ -70,9 +71,13 @@ _log = structlog.get_logger("tidegate")
 #: How long a lease is drawn from, and the window demand is counted over.
 LEASE_HOLD_S: Final = 0.25
 #: The most requests one lease covers.
-LEASE_MAX_CHUNK: Final = 32
+LEASE_MAX_CHUNK: Final = 128
 #: A bucket lease takes at most this share of the bucket's burst (1/20).
 BURST_SHARE: Final = 20
+#: A budget lease holds at most this share of each limited dimension's daily quota (1/20).
+QUOTA_SHARE: Final = 20
+#: The largest ``max_chunk`` the configuration accepts.
+LEASE_MAX_CHUNK_CAP: Final = 1024
 #: Keys remembered before the expired ones are forgotten.
 MAX_KEYS: Final = 10_000
 
@@ -239,6 +244,20 @@ class _BudgetLease:
 _NOTHING: Final = Cost(calls=0, tokens=0, cost=0.0)
 
 
+def _quota_share(options: BudgetOptions, estimate: Cost) -> int:
+    """The most estimates a lease may hold: a twentieth of each limited dimension's quota."""
+    quota = options.quota
+    share = LEASE_MAX_CHUNK_CAP
+    for limit, amount in (
+        (quota.calls, estimate.calls),
+        (quota.tokens, estimate.tokens),
+        (quota.cost, estimate.cost),
+    ):
+        if limit is not None and amount > 0:
+            share = min(share, int(limit / (QUOTA_SHARE * amount)))
+    return share
+
+
 def _exceeds(actual: Cost, estimate: Cost) -> bool:
     return (
         actual.calls > estimate.calls
@@ -290,7 +309,7 @@ class LeasedQuotas:
             ):
                 return self._draw(lease, subject, estimate), _ALLOWED
             await self._retire(subject, lease)
-        chunk = demand.chunk(self._max_chunk)
+        chunk = min(demand.chunk(self._max_chunk), _quota_share(options, estimate))
         if chunk >= 2 and now >= demand.try_after:
             amount = Cost(
                 calls=estimate.calls * chunk,
