@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 from typing import Any
 
 import pytest
 import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tidegate.gateway.logsink import FLUSH_BYTES, RoundBufferedSink
+from tidegate.clock import ManualClock
+from tidegate.gateway.logsink import FLUSH_BYTES, RoundBufferedSink, UTCTimestamp
 
 
 class Recorder(io.BytesIO):
@@ -160,3 +164,25 @@ async def test_it_serves_as_a_structlog_logger() -> None:
     assert stream.writes == [
         b"[('event', 'served'), ('status', 200)]\n[('event', 'slow'), ('ms', 900)]\n"
     ]
+
+
+# --------------------------------------------------------------------------- the timestamp
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    wall=st.floats(min_value=0.0, max_value=4_102_444_800.0)  # up to 2100
+    | st.integers(min_value=0, max_value=4_102_444_800).map(float)  # whole seconds
+    | st.integers(min_value=0, max_value=4_102_444_800).map(lambda s: s + 0.9999996)
+)
+def test_the_timestamp_is_what_structlog_writes(wall: float) -> None:
+    """UTCTimestamp writes exactly what TimeStamper(fmt="iso", utc=True) writes for the same
+    instant (datetime's own rounding, no fraction at a whole second, a carry into the next
+    second), also when the second changes between two lines."""
+    expected = dt.datetime.fromtimestamp(wall, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+    clock = ManualClock(wall_start=wall)
+    stamp = UTCTimestamp(clock)
+    assert stamp(None, "info", {})["timestamp"] == expected
+    clock.advance(1.5)  # a new second: the cached date and time of day are redone
+    later = dt.datetime.fromtimestamp(clock.wall(), tz=dt.UTC)
+    assert stamp(None, "info", {})["timestamp"] == later.isoformat().replace("+00:00", "Z")

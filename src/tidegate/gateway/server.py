@@ -15,7 +15,7 @@ import uvicorn
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
-from tidegate.gateway.logsink import RoundBufferedSink
+from tidegate.gateway.logsink import RoundBufferedSink, UTCTimestamp
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
@@ -59,7 +59,7 @@ def configure_logging(config: Config) -> None:
     level = getattr(logging, config.logging.level.upper())
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        UTCTimestamp(),  # as TimeStamper(fmt="iso", utc=True) writes it, at less cost
     ]
     factory: structlog.typing.WrappedLogger
     if config.logging.json_lines:
