@@ -117,8 +117,8 @@ class DisconnectWatches:
     own clock: this is socket plumbing, not a policy, and must not follow a test's manual clock.
     """
 
-    def __init__(self, after_s: float = WATCH_AFTER_S) -> None:
-        self.after_s = after_s
+    def __init__(self, after_s: float | None = None) -> None:
+        self.after_s = WATCH_AFTER_S if after_s is None else after_s
         self._young: dict[_Watch, None] = {}  # oldest first, not yet watched
         self._watched: set[_Watch] = set()
         self._timer: asyncio.TimerHandle | None = None
