@@ -132,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console(highlight=False)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        console.print("[bold red]valgrind is not installed[/] (Debian package valgrind)")
-        return 1
+        # Not a failed run: this machine cannot count instructions (make bench goes on).
+        console.print("skipped: valgrind is not installed (Debian package valgrind)")
+        return 0
     workdir = Path(tempfile.mkdtemp(prefix="tidegate-instructions-"))
     processes = gw.Processes()
     body = gw.REQUEST_BODY.encode()
