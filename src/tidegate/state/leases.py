@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import structlog
 
@@ -76,8 +76,6 @@ LEASE_MAX_CHUNK: Final = 128
 BURST_SHARE: Final = 20
 #: A budget lease holds at most this share of each limited dimension's daily quota (1/20).
 QUOTA_SHARE: Final = 20
-#: The largest ``max_chunk`` the configuration accepts.
-LEASE_MAX_CHUNK_CAP: Final = 1024
 #: Keys remembered before the expired ones are forgotten.
 MAX_KEYS: Final = 10_000
 
@@ -119,31 +117,58 @@ class _TokenLease(_Demand):
         self.options: BucketOptions | None = None
 
 
-class LeasedBuckets:
-    """A :class:`~tidegate.state.base.BucketStore` that takes tokens from ``store`` in leases."""
+S = TypeVar("S")
+D = TypeVar("D", bound="_Demand")
+
+
+class _Leased(Generic[S]):
+    """What both kinds of lease keep: the store they lease from, the clock and the sizes."""
 
     def __init__(
         self,
-        store: BucketStore,
+        store: S,
         clock: Clock,
         *,
         max_chunk: int = LEASE_MAX_CHUNK,
         hold_s: float = LEASE_HOLD_S,
     ) -> None:
-        self.store = store
+        self.store: S = store
         self._clock = clock
         self._max_chunk = max_chunk
         self._hold_s = hold_s
+        self._start()
+
+    def _start(self) -> None:
+        """Set up the leases kept in this process (none yet)."""
+        raise NotImplementedError
+
+    def _seen(self, table: dict[str, D], key: str, now: float, make: type[D]) -> D:
+        """``key``'s demand record in ``table`` (made if new), with this request counted.
+
+        Past :data:`MAX_KEYS` records, those whose window ended over ``hold_s`` ago are
+        forgotten (all of them if that is not enough): a key's next request starts it afresh.
+        """
+        record = table.get(key)
+        if record is None:
+            if len(table) >= MAX_KEYS:
+                for stale in [k for k, r in table.items() if r.window_end + self._hold_s < now]:
+                    del table[stale]
+                if len(table) >= MAX_KEYS:
+                    table.clear()
+            record = table[key] = make(now, self._hold_s)
+        record.seen(now, self._hold_s)
+        return record
+
+
+class LeasedBuckets(_Leased[BucketStore]):
+    """A :class:`~tidegate.state.base.BucketStore` that takes tokens from ``store`` in leases."""
+
+    def _start(self) -> None:
         self._leases: dict[str, _TokenLease] = {}
 
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
         now = self._clock.now()
-        lease = self._leases.get(key)
-        if lease is None:
-            if len(self._leases) >= MAX_KEYS:
-                self._forget_expired(now)
-            lease = self._leases[key] = _TokenLease(now, self._hold_s)
-        lease.seen(now, self._hold_s)
+        lease = self._seen(self._leases, key, now, _TokenLease)
         if lease.tokens >= n and now < lease.expires and lease.options == options:
             lease.tokens -= n
             return TakeResult(
@@ -162,14 +187,6 @@ class LeasedBuckets:
             lease.try_after = now + self._hold_s
         return await self.store.take(key, options, n)
 
-    def _forget_expired(self, now: float) -> None:
-        for key in [
-            k for k, lease in self._leases.items() if lease.window_end + self._hold_s < now
-        ]:
-            del self._leases[key]
-        if len(self._leases) >= MAX_KEYS:
-            self._leases.clear()
-
 
 @dataclass(slots=True, eq=False)
 class _BudgetLease:
@@ -180,10 +197,6 @@ class _BudgetLease:
     options: BudgetOptions
     day: int
     expires: float
-    #: Not yet handed out (the lease's amount less what its requests hold and used).
-    free_calls: float
-    free_tokens: float
-    free_cost: float
     #: Held by requests drawn from the lease and not yet settled.
     held_calls: int = 0
     held_tokens: int = 0
@@ -198,16 +211,15 @@ class _BudgetLease:
     retired: bool = False
 
     def covers(self, estimate: Cost) -> bool:
+        """Whether the part not yet handed out (the amount less what is held and used) fits."""
+        amount = self.amount()
         return (
-            estimate.calls <= self.free_calls
-            and estimate.tokens <= self.free_tokens
-            and estimate.cost <= self.free_cost
+            estimate.calls <= amount.calls - self.held_calls - self.used_calls
+            and estimate.tokens <= amount.tokens - self.held_tokens - self.used_tokens
+            and estimate.cost <= amount.cost - self.held_cost - self.used_cost
         )
 
     def draw(self, estimate: Cost) -> None:
-        self.free_calls -= estimate.calls
-        self.free_tokens -= estimate.tokens
-        self.free_cost -= estimate.cost
         self.held_calls += estimate.calls
         self.held_tokens += estimate.tokens
         self.held_cost += estimate.cost
@@ -219,16 +231,10 @@ class _BudgetLease:
         self.held_calls -= estimate.calls
         self.held_tokens -= estimate.tokens
         self.held_cost -= estimate.cost
-        self.free_calls += estimate.calls
-        self.free_tokens += estimate.tokens
-        self.free_cost += estimate.cost
         if used is not None:
             self.used_calls += used.calls
             self.used_tokens += used.tokens
             self.used_cost += used.cost
-            self.free_calls -= used.calls
-            self.free_tokens -= used.tokens
-            self.free_cost -= used.cost
 
     def used(self) -> Cost:
         return Cost(calls=self.used_calls, tokens=self.used_tokens, cost=max(0.0, self.used_cost))
@@ -244,10 +250,11 @@ class _BudgetLease:
 _NOTHING: Final = Cost(calls=0, tokens=0, cost=0.0)
 
 
-def _quota_share(options: BudgetOptions, estimate: Cost) -> int:
-    """The most estimates a lease may hold: a twentieth of each limited dimension's quota."""
+def _quota_share(options: BudgetOptions, estimate: Cost, most: int) -> int:
+    """The most estimates a lease may hold (at most ``most``): a twentieth of each limited
+    dimension's quota."""
     quota = options.quota
-    share = LEASE_MAX_CHUNK_CAP
+    share = most
     for limit, amount in (
         (quota.calls, estimate.calls),
         (quota.tokens, estimate.tokens),
@@ -266,21 +273,10 @@ def _exceeds(actual: Cost, estimate: Cost) -> bool:
     )
 
 
-class LeasedQuotas:
+class LeasedQuotas(_Leased[QuotaStore]):
     """A :class:`~tidegate.state.base.QuotaStore` that reserves budget from ``store`` in leases."""
 
-    def __init__(
-        self,
-        store: QuotaStore,
-        clock: Clock,
-        *,
-        max_chunk: int = LEASE_MAX_CHUNK,
-        hold_s: float = LEASE_HOLD_S,
-    ) -> None:
-        self.store = store
-        self._clock = clock
-        self._max_chunk = max_chunk
-        self._hold_s = hold_s
+    def _start(self) -> None:
         self._demand: dict[str, _Demand] = {}
         #: The lease each subject draws from now.
         self._current: dict[str, _BudgetLease] = {}
@@ -293,12 +289,7 @@ class LeasedQuotas:
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
         now = self._clock.now()
-        demand = self._demand.get(subject)
-        if demand is None:
-            if len(self._demand) >= MAX_KEYS:
-                self._demand = {s: d for s, d in self._demand.items() if s in self._current}
-            demand = self._demand[subject] = _Demand(now, self._hold_s)
-        demand.seen(now, self._hold_s)
+        demand = self._seen(self._demand, subject, now, _Demand)
         lease = self._current.get(subject)
         if lease is not None:
             if (
@@ -309,7 +300,7 @@ class LeasedQuotas:
             ):
                 return self._draw(lease, subject, estimate), _ALLOWED
             await self._retire(subject, lease)
-        chunk = min(demand.chunk(self._max_chunk), _quota_share(options, estimate))
+        chunk = _quota_share(options, estimate, demand.chunk(self._max_chunk))
         if chunk >= 2 and now >= demand.try_after:
             amount = Cost(
                 calls=estimate.calls * chunk,
@@ -318,15 +309,7 @@ class LeasedQuotas:
             )
             reservation, decision = await self.store.reserve(subject, options, amount)
             if reservation is not None and decision.verdict is BudgetVerdict.ALLOW:
-                lease = _BudgetLease(
-                    reservation,
-                    options,
-                    reservation.day,
-                    now + self._hold_s,
-                    free_calls=amount.calls,
-                    free_tokens=amount.tokens,
-                    free_cost=amount.cost,
-                )
+                lease = _BudgetLease(reservation, options, reservation.day, now + self._hold_s)
                 # Another request of this subject may have opened a lease meanwhile (the store
                 # call yields on a networked store): that one takes no more draws.
                 previous = self._current.get(subject)
