@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.harness import write_config
 from tidegate.clock import ManualClock, SystemClock
-from tidegate.gateway.app import DisconnectWatches, Gateway, _Watch
+from tidegate.gateway.app import DisconnectWatches, Gateway, Handler, _Watch
 from tidegate.gateway.config import load_config
 from tidegate.gateway.pipeline import Exchange
 from tidegate.gateway.runtime import Runtime
@@ -332,6 +332,16 @@ async def _sent(message: Message) -> None:
     return None
 
 
+def _start(app: Gateway, handler: Handler) -> tuple[asyncio.Task[None], Client, Exchange]:
+    """``handler`` run by ``_run_watching_disconnect`` in a task of its own, for a new client."""
+    client = Client()
+    ex = Exchange(request_id="r")
+    task = asyncio.get_running_loop().create_task(
+        app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
+    )
+    return task, client, ex
+
+
 @pytest.mark.asyncio
 async def test_run_watching_disconnect_a_fast_handler_never_reads_receive(app: Gateway) -> None:
     client = Client()
@@ -355,8 +365,6 @@ async def test_run_watching_disconnect_a_fast_handler_never_reads_receive(app: G
 
 @pytest.mark.asyncio
 async def test_run_watching_disconnect_a_disconnect_cancels_a_slow_handler(app: Gateway) -> None:
-    client = Client()
-    ex = Exchange(request_id="r")
     handler_saw: list[str] = []
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -369,10 +377,7 @@ async def test_run_watching_disconnect_a_disconnect_cancels_a_slow_handler(app: 
             handler_saw.append("cancelled")
             raise
 
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(
-        app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
-    )
+    task, client, ex = _start(app, handler)
     await _until(lambda: client.calls == 1)
     assert not task.done()
     client.disconnect()
@@ -389,8 +394,6 @@ async def test_run_watching_disconnect_a_disconnect_cancels_a_slow_handler(app: 
 async def test_run_watching_disconnect_a_disconnect_after_the_last_byte_cancels_nothing(
     app: Gateway,
 ) -> None:
-    client = Client()
-    ex = Exchange(request_id="r")
     loop = asyncio.get_running_loop()
     linger: asyncio.Future[None] = loop.create_future()
 
@@ -402,9 +405,7 @@ async def test_run_watching_disconnect_a_disconnect_after_the_last_byte_cancels_
         await send({"type": "http.response.body", "body": b"}"})
         await linger  # e.g. bookkeeping after the answer
 
-    task = loop.create_task(
-        app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
-    )
+    task, client, ex = _start(app, handler)
     await _until(lambda: client.calls == 1)
     client.disconnect()
     await _rounds()
@@ -420,8 +421,6 @@ async def test_run_watching_disconnect_a_disconnect_after_the_last_byte_cancels_
 async def test_run_watching_disconnect_a_cancellation_from_elsewhere_propagates(
     app: Gateway,
 ) -> None:
-    client = Client()
-    ex = Exchange(request_id="r")
     loop = asyncio.get_running_loop()
     never: asyncio.Future[None] = loop.create_future()
 
@@ -430,9 +429,7 @@ async def test_run_watching_disconnect_a_cancellation_from_elsewhere_propagates(
     ) -> None:
         await never
 
-    task = loop.create_task(
-        app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
-    )
+    task, client, ex = _start(app, handler)
     await _until(lambda: client.calls == 1)
     task.cancel()
     await _rounds()
@@ -449,8 +446,6 @@ async def test_run_watching_disconnect_a_later_cancellation_from_elsewhere_still
     deadline cancels the request task too. As with ``asyncio.timeout``, the second, foreign
     cancellation must propagate: the task ends cancelled, not normally with ``cancelling() == 1``.
     """
-    client = Client()
-    ex = Exchange(request_id="r")
     loop = asyncio.get_running_loop()
     never: asyncio.Future[None] = loop.create_future()
     settlement: asyncio.Future[None] = loop.create_future()
@@ -464,9 +459,7 @@ async def test_run_watching_disconnect_a_later_cancellation_from_elsewhere_still
             await asyncio.shield(settlement)  # as settle_shielded does
             raise
 
-    task = loop.create_task(
-        app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
-    )
+    task, client, ex = _start(app, handler)
     await _until(lambda: client.calls == 1)
     client.disconnect()
     await _rounds()
@@ -476,4 +469,4 @@ async def test_run_watching_disconnect_a_later_cancellation_from_elsewhere_still
     await _rounds()
     assert task.done()
     assert (ex.outcome, ex.status) == ("client_closed", 499)
-    assert task.cancelled()  # actual: task.result() is None and task.cancelling() == 1
+    assert task.cancelled()

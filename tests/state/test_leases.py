@@ -475,7 +475,7 @@ def _opened(found: tuple[Reservation | None, BudgetDecision]) -> tuple[Reservati
     return (reservation,)
 
 
-# --------------------------------------------------------------------------- budget: known bugs
+# --------------------------------------------------------------------------- budget: regressions
 
 
 @pytest.mark.asyncio
@@ -498,7 +498,7 @@ async def test_a_retired_lease_does_not_hold_back_its_unused_part() -> None:
     _, expected = await plain.reserve("s", options, Cost(calls=5))
     _, decision = await leased.reserve("s", options, Cost(calls=5))
     assert expected.verdict is BudgetVerdict.ALLOW
-    assert decision == expected  # actual: BLOCK (the store still holds the lease's 2nd call)
+    assert decision == expected  # was BLOCK: the store still held the lease's 2nd call
 
 
 @pytest.mark.asyncio
@@ -526,7 +526,7 @@ async def test_a_lease_does_not_allow_past_the_quota_after_an_overspend() -> Non
     _, expected = await plain.reserve("s", options, estimate)
     _, decision = await leased.reserve("s", options, estimate)
     assert expected.verdict is BudgetVerdict.BLOCK
-    assert decision == expected  # actual: ALLOW, drawn from the lease
+    assert decision == expected  # was ALLOW, drawn from the lease
 
 
 @pytest.mark.asyncio
@@ -560,7 +560,7 @@ async def test_expire_racing_a_reserve_keeps_usage_exact() -> None:
         await leased.settle(drawn, Cost())
     await leased.flush()
     assert await leased.store.usage("b") == await plain.usage("b")
-    assert await leased.usage("b") == await plain.usage("b")  # actual: reserved_calls=-2
+    assert await leased.usage("b") == await plain.usage("b")  # was reserved_calls=-2
 
 
 # --------------------------------------------------------------------------- buckets
