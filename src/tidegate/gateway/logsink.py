@@ -38,14 +38,13 @@ class RoundBufferedSink:
         self._scheduled = False
 
     def msg(self, message: bytes) -> None:
+        self._lines.append(message)
+        self._size += len(message)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: start-up, shutdown, the CLI
-            self._lines.append(message)
             self.flush()
             return
-        self._lines.append(message)
-        self._size += len(message)
         if self._size >= FLUSH_BYTES:
             self.flush()
         elif not self._scheduled:
