@@ -8,7 +8,8 @@ valgrind) warms each up, the counters are dumped, the measured requests follow, 
 dump divided by their number is the cost of one request. Instruction counts do not depend on
 what else the machine is doing, so this ratio is the steady companion of ``gateway.py``'s req/s
 and CPU time on a shared machine; it leaves out the kernel's share (the socket system calls,
-which both targets make alike).
+which both targets make alike). ``TIDEGATE_*`` variables reach the tidegate under test as
+config overrides, for what-if counts (``TIDEGATE_STATE__LEASES__MAX_CHUNK=1``: leases off).
 
 Under callgrind a request runs about fifty times slower, so the two things tidegate decides by
 elapsed time are stretched by the same factor for this run: the lease window
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -71,7 +73,8 @@ def _dumped_total(workdir: Path, pid: int, before: set[Path]) -> int:
     """Trigger a callgrind dump of ``pid`` and return the instructions it counted since the last."""
     subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True)
     for _ in range(200):
-        fresh = set(workdir.glob("callgrind.out.*")) - before
+        # Only this process's numbered dumps: an earlier target's files are in the folder too.
+        fresh = set(workdir.glob(f"callgrind.out.{pid}.*")) - before
         for path in fresh:
             text = path.read_text(encoding="utf-8", errors="replace")
             found = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
@@ -129,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=1000, help="requests before counting")
     parser.add_argument("--requests", type=int, default=2000, help="requests counted")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder and its logs")
     args = parser.parse_args(argv)
     console = Console(highlight=False)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -188,7 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         processes.stop_all()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            console.print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     table = Table(title="instructions per request (callgrind), same upstream, same run")
     table.add_column("target")
     table.add_column("instructions / request", justify="right")
@@ -200,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"upstream: {upstream}; {args.warmup} warm-up and {args.requests} counted "
         "requests per target, 32 at a time"
     )
+    overrides = sorted(k for k in os.environ if k.startswith("TIDEGATE_"))
+    if overrides:  # they reach the tidegate under test as config overrides
+        console.print(f"[bold yellow]environment overrides in effect:[/] {' '.join(overrides)}")
     console.print(table)
     return 0
 
