@@ -53,16 +53,17 @@ def test_every_metric_named_is_one_the_gateway_serves(doc: Path) -> None:
 
 
 def _request_log_fields() -> set[str]:
-    """The keyword arguments of the gateway's ``log.info("request", ...)`` call."""
+    """The keys of the fields the gateway passes to ``self._log_request({...})``."""
     tree = ast.parse(_text(ROOT / "src" / "tidegate" / "gateway" / "app.py"))
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "_log_request"
             and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and node.args[0].value == "request"
+            and isinstance(node.args[0], ast.Dict)
         ):
-            return {kw.arg for kw in node.keywords if kw.arg is not None}
+            return {k.value for k in node.args[0].keys if isinstance(k, ast.Constant)}
     raise AssertionError("no request log call in gateway/app.py")
 
 

@@ -7,13 +7,14 @@ import datetime as dt
 import io
 from typing import Any
 
+import orjson
 import pytest
 import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidegate.clock import ManualClock
-from tidegate.gateway.logsink import FLUSH_BYTES, RoundBufferedSink, UTCTimestamp
+from tidegate.gateway.logsink import FLUSH_BYTES, RequestLines, RoundBufferedSink, UTCTimestamp
 
 
 class Recorder(io.BytesIO):
@@ -186,3 +187,36 @@ def test_the_timestamp_is_what_structlog_writes(wall: float) -> None:
     clock.advance(1.5)  # a new second: the cached date and time of day are redone
     later = dt.datetime.fromtimestamp(clock.wall(), tz=dt.UTC)
     assert stamp(None, "info", {})["timestamp"] == later.isoformat().replace("+00:00", "Z")
+
+
+_FIELD_VALUES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.dictionaries(st.text(min_size=1, max_size=12), _FIELD_VALUES, max_size=16))
+def test_the_direct_request_line_is_the_line_structlog_writes(fields: dict[str, Any]) -> None:
+    """RequestLines writes, byte for byte, what the structlog chain configured for JSON lines
+    writes for ``log.info("request", **fields)``: the same keys in the same order."""
+    fields.pop("event", None)  # structlog takes the event positionally, never as a field
+    wall = 1_798_761_600.25
+    via_structlog, direct = Recorder(), Recorder()
+    structlog_sink, direct_sink = RoundBufferedSink(via_structlog), RoundBufferedSink(direct)
+    logger = structlog.wrap_logger(
+        structlog_sink,
+        processors=[
+            structlog.processors.add_log_level,
+            UTCTimestamp(ManualClock(wall_start=wall)),
+            structlog.processors.JSONRenderer(serializer=orjson.dumps),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(20),
+    )
+    logger.info("request", **fields)
+    RequestLines(direct_sink, UTCTimestamp(ManualClock(wall_start=wall)))(dict(fields))
+    assert direct.getvalue() == via_structlog.getvalue()
+    assert list(orjson.loads(direct.getvalue()))[-3:] == ["event", "level", "timestamp"]

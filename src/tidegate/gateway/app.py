@@ -76,6 +76,10 @@ def tune_gc() -> None:
 WATCH_AFTER_S = 0.05
 
 
+def _log_request(fields: dict[str, Any]) -> None:
+    log.info("request", **fields)
+
+
 class _Watch:
     """One request that may need watching: its task, its exchange and its ``receive``."""
 
@@ -179,13 +183,15 @@ class Gateway:
         self._refresher: asyncio.Task[None] | None = None
         self._controller: asyncio.Task[None] | None = None
         self._watches = DisconnectWatches()
+        #: Writes the request's log line; start-up sets the cheapest writer the logging allows.
+        self._log_request: Callable[[dict[str, Any]], None] = _log_request
 
     # ------------------------------------------------------------------ lifespan
 
     async def startup(self) -> None:
         from tidegate.gateway.server import configure_logging
 
-        configure_logging(self.config)
+        self._log_request = configure_logging(self.config)
         if self.runtime is None:
             self.runtime = await build_runtime(
                 self.config, self.config_path, git_sha=self.git_sha, **self._overrides
@@ -367,23 +373,24 @@ class Gateway:
             if ex.outcome not in ("ok",) and ex.status >= 400:
                 klass = ex.identity.priority if ex.identity else "-"
                 rt.metrics.refusals.labels(klass, ex.outcome).inc()
-            log.info(
-                "request",
-                request_id=ex.request_id,
-                route=ex.route,
-                tenant=ex.identity.tenant if ex.identity else None,
-                user=ex.identity.user if ex.identity else None,
-                status=ex.status,
-                outcome=ex.outcome,
-                served_by=ex.served_by,
-                model=ex.served_model,
-                tried=ex.tried_header(),
-                cache=ex.cache or None,
-                prompt_tokens=ex.usage.get("prompt_tokens"),
-                completion_tokens=ex.usage.get("completion_tokens"),
-                cost_usd=round(ex.cost, 8),
-                ttft_s=None if ex.first_token_s is None else round(ex.first_token_s, 4),
-                duration_s=round(elapsed, 4),
+            self._log_request(
+                {
+                    "request_id": ex.request_id,
+                    "route": ex.route,
+                    "tenant": ex.identity.tenant if ex.identity else None,
+                    "user": ex.identity.user if ex.identity else None,
+                    "status": ex.status,
+                    "outcome": ex.outcome,
+                    "served_by": ex.served_by,
+                    "model": ex.served_model,
+                    "tried": ex.tried_header(),
+                    "cache": ex.cache or None,
+                    "prompt_tokens": ex.usage.get("prompt_tokens"),
+                    "completion_tokens": ex.usage.get("completion_tokens"),
+                    "cost_usd": round(ex.cost, 8),
+                    "ttft_s": None if ex.first_token_s is None else round(ex.first_token_s, 4),
+                    "duration_s": round(elapsed, 4),
+                }
             )
 
     async def _run_watching_disconnect(
@@ -404,9 +411,10 @@ class Gateway:
         normal end of the exchange and cancels nothing; the settlement itself is shielded when a
         cancellation does arrive.
         """
-        this = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        this = asyncio.current_task(loop)
         assert this is not None
-        watch = _Watch(this, ex, receive, asyncio.get_running_loop().time())
+        watch = _Watch(this, ex, receive, loop.time())
 
         async def tracked_send(message: MutableMapping[str, Any]) -> None:
             await send(message)

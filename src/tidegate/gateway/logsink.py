@@ -8,6 +8,10 @@ the round (``loop.call_soon``), or at once when they pass :data:`FLUSH_BYTES`; o
 writes each line at once. A line is therefore written within the round that logged it, before
 any new network input is read, and :meth:`RoundBufferedSink.flush` (called at shutdown and at
 exit) writes whatever is left.
+
+:class:`RequestLines` renders the one line every request logs straight into the sink: the same
+bytes the configured structlog chain writes for ``log.info("request", **fields)``, without the
+bound logger's per-call work in between.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import time
 from collections.abc import MutableMapping
 from typing import Any, BinaryIO
 
+import orjson
+
 from tidegate.clock import Clock, SystemClock
 
-__all__ = ["FLUSH_BYTES", "RoundBufferedSink", "UTCTimestamp"]
+__all__ = ["FLUSH_BYTES", "RequestLines", "RoundBufferedSink", "UTCTimestamp"]
 
 #: Buffered bytes that trigger a write before the round ends.
 FLUSH_BYTES = 64 * 1024
@@ -35,28 +41,32 @@ class RoundBufferedSink:
         self._stream = stream
         self._lines: list[bytes] = []
         self._size = 0
-        self._scheduled = False
+        #: The loop whose next round writes the buffered lines, if one was asked to.
+        self._scheduled: asyncio.AbstractEventLoop | None = None
 
     def msg(self, message: bytes) -> None:
         self._lines.append(message)
         self._size += len(message)
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+            return
+        loop = self._scheduled
+        if loop is not None and loop.is_running():
+            return  # this round's write is already scheduled (the loop is asked only once)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: start-up, shutdown, the CLI
             self.flush()
             return
-        if self._size >= FLUSH_BYTES:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self.flush)
+        self._scheduled = loop
+        loop.call_soon(self.flush)
 
     log = debug = info = warn = warning = msg
     error = err = critical = exception = fatal = failure = msg
 
     def flush(self) -> None:
         """Write every buffered line now."""
-        self._scheduled = False
+        self._scheduled = None
         if not self._lines:
             return
         lines, self._lines, self._size = self._lines, [], 0
@@ -101,3 +111,25 @@ class UTCTimestamp:
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         event_dict["timestamp"] = f"{self._prefix}.{micros:06d}Z" if micros else f"{self._prefix}Z"
         return event_dict
+
+
+class RequestLines:
+    """Writes the request log line as ``log.info("request", **fields)`` would, more cheaply.
+
+    With JSON lines at level ``info`` or below, structlog runs ``add_log_level``, the
+    :class:`UTCTimestamp` and an orjson renderer, and hands the bytes to the sink. This does the
+    same three steps in the same order (the keys come out in the same order too) without the
+    bound logger's dispatch, which cost about as much as the rendering itself on a line written
+    for every request. ``fields`` is consumed: the line's keys are added to it.
+    """
+
+    __slots__ = ("_sink", "_stamp")
+
+    def __init__(self, sink: RoundBufferedSink, stamp: UTCTimestamp) -> None:
+        self._sink = sink
+        self._stamp = stamp
+
+    def __call__(self, fields: dict[str, Any]) -> None:
+        fields["event"] = "request"
+        fields["level"] = "info"
+        self._sink.msg(orjson.dumps(self._stamp(None, "info", fields)))

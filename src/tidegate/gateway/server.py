@@ -7,7 +7,9 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import structlog
@@ -15,7 +17,7 @@ import uvicorn
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
-from tidegate.gateway.logsink import RoundBufferedSink, UTCTimestamp
+from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
@@ -54,14 +56,18 @@ def flush_logs() -> None:
 atexit.register(flush_logs)
 
 
-def configure_logging(config: Config) -> None:
-    """One JSON object per line on stdout (or readable key=value lines when json_lines is off)."""
+def configure_logging(config: Config) -> Callable[[dict[str, Any]], None]:
+    """One JSON object per line on stdout (or readable key=value lines when json_lines is off).
+
+    Returns what writes the request log line: ``log.info("request", **fields)``, or the
+    :class:`RequestLines` that writes the same bytes directly when the line is JSON and ``info``
+    is logged.
+    """
     level = getattr(logging, config.logging.level.upper())
-    processors: list[structlog.typing.Processor] = [
-        structlog.processors.add_log_level,
-        UTCTimestamp(),  # as TimeStamper(fmt="iso", utc=True) writes it, at less cost
-    ]
+    stamp = UTCTimestamp()  # as TimeStamper(fmt="iso", utc=True) writes it, at less cost
+    processors: list[structlog.typing.Processor] = [structlog.processors.add_log_level, stamp]
     factory: structlog.typing.WrappedLogger
+    direct: Callable[[dict[str, Any]], None] | None = None
     if config.logging.json_lines:
         # orjson renders bytes straight to the stream: the log line is on every request's path.
         processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
@@ -69,6 +75,8 @@ def configure_logging(config: Config) -> None:
         global _sink
         flush_logs()
         factory = _sink = RoundBufferedSink(sys.stdout.buffer)
+        if level <= logging.INFO:
+            direct = RequestLines(_sink, stamp)
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
         factory = structlog.PrintLoggerFactory(sys.stdout)
@@ -78,6 +86,11 @@ def configure_logging(config: Config) -> None:
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+    return direct or _log_request
+
+
+def _log_request(fields: dict[str, Any]) -> None:
+    structlog.get_logger("tidegate").info("request", **fields)
 
 
 def app_from_env() -> Gateway:
