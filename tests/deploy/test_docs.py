@@ -63,7 +63,7 @@ def _request_log_fields() -> set[str]:
             and node.args
             and isinstance(node.args[0], ast.Dict)
         ):
-            return {k.value for k in node.args[0].keys if isinstance(k, ast.Constant)}
+            return {str(k.value) for k in node.args[0].keys if isinstance(k, ast.Constant)}
     raise AssertionError("no request log call in gateway/app.py")
 
 
