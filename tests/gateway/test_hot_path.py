@@ -7,6 +7,8 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidegate.clock import ManualClock
 from tidegate.gateway.metrics import Metrics
@@ -104,3 +106,12 @@ def test_the_ascii_shortcut_strips_what_the_full_table_strips() -> None:
             assert strip_invisible(text) == text.translate(_STRIP_TABLE), repr(text)
     mixed = "plain text, then " + "".join(sorted(INVISIBLE_CHARACTERS)) + " and more\n"
     assert strip_invisible(mixed) == "plain text, then  and more\n"
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(alphabet=st.characters(max_codepoint=0xA0)) | st.text())
+def test_strip_invisible_is_the_full_table_on_any_text(text: str) -> None:
+    """ASCII or not, with or without hidden characters: the shortcut changes no result."""
+    from tidegate.gateway.redaction import _STRIP_TABLE, strip_invisible
+
+    assert strip_invisible(text) == text.translate(_STRIP_TABLE)

@@ -437,12 +437,16 @@ async def call_route(
         provider = rt.providers[spec.name]
         breaker = rt.breakers[spec.name]
         upstream = {**body, "model": rt.provider_configs[spec.name].model}
+        tracing = rt.tracing
 
         async def attempt(limit: float) -> tuple[ProviderSpec, dict[str, Any]]:
             permit = breaker.acquire(deadline_at=rt.clock.now() + limit)
             try:
-                with rt.tracing.span("tidegate.attempt", **{"tidegate.provider": spec.name}):
-                    answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
+                if tracing.enabled:
+                    with tracing.span("tidegate.attempt", **{"tidegate.provider": spec.name}):
+                        answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
+                else:
+                    answer = await provider.complete(upstream, timeout=limit)
             except ProviderError as error:
                 _failed(rt, ex, spec, permit, error)
                 raise

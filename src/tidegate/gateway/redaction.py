@@ -40,10 +40,12 @@ def _invisible() -> frozenset[str]:
 INVISIBLE_CHARACTERS: Final[frozenset[str]] = _invisible()
 
 _STRIP_TABLE: Final[dict[int, None]] = {ord(char): None for char in INVISIBLE_CHARACTERS}
-#: The ASCII ones alone: most answers are ASCII without any, and finding out is far cheaper than
-#: translating the text character by character.
-_ASCII_INVISIBLE: Final[re.Pattern[str]] = re.compile(
-    "[" + "".join(re.escape(char) for char in sorted(INVISIBLE_CHARACTERS) if char.isascii()) + "]"
+#: The ASCII ones alone, as bytes: most answers are ASCII without any, and finding that out with
+#: ``bytes.translate`` (a table lookup a byte, in C) is far cheaper than translating the text
+#: character by character, or than a regular expression's character class (several times slower
+#: again on a long answer).
+_ASCII_INVISIBLE: Final[bytes] = bytes(
+    sorted(ord(char) for char in INVISIBLE_CHARACTERS if char.isascii())
 )
 
 #: ``clean`` repeats the deny patterns until nothing changes; a replacement can complete a new
@@ -54,8 +56,10 @@ _MAX_PASSES: Final = 8
 
 def strip_invisible(text: str) -> str:
     """``text`` without the characters in :data:`INVISIBLE_CHARACTERS`."""
-    if text.isascii() and _ASCII_INVISIBLE.search(text) is None:
-        return text
+    if text.isascii():
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _ASCII_INVISIBLE)) == len(raw):
+            return text
     return text.translate(_STRIP_TABLE)
 
 
