@@ -372,12 +372,15 @@ def test_a_lease_that_would_degrade_is_refunded_and_the_request_decided_alone() 
 
 
 async def _build_demand(leased: LeasedQuotas, clock: ManualClock, options: BudgetOptions) -> None:
-    """8 requests in one hold window, then the next window begins: new leases cover 4."""
+    """8 requests in one hold window (the later ones drawn from the leases that form as the
+    window's demand grows), the leases flushed to the store, then the next window begins: new
+    leases cover 4."""
     for _ in range(8):
         reservation, _ = await leased.reserve("s", options, Cost(tokens=10))
         assert reservation is not None
         await leased.settle(reservation, Cost(tokens=10))
         clock.advance(0.01)
+    await leased.flush()
     clock.advance(LEASE_HOLD_S)
 
 
@@ -637,6 +640,33 @@ async def test_a_busy_key_takes_tokens_in_leases() -> None:
     assert all(0.0 < r.retry_after <= 1.0 / options.rate + 1e-9 for r in refusals)
     # What leases lost is at most what was left in one when it expired (< burst / 20).
     assert allowed_plain - allowed_leased < options.burst / 20
+
+
+@pytest.mark.asyncio
+async def test_a_burst_after_a_pause_leases_within_its_first_window() -> None:
+    """A key idle for longer than the hold time gets 200 requests in 0.1 s (all inside one
+    window): leases form as the window's demand grows, each about half as large again as the
+    one before, so the store sees a small fraction of the takes and reserves, not one each
+    until the next window; and the leased bucket still never allows more than the plain one."""
+    bucket = BucketOptions(rate=10_000.0, burst=100_000.0)
+    _plain, _leased, counting, refusals = await _side_by_side(bucket, [0.0005] * 200)
+    assert not refusals
+    assert counting.takes < 200 // 8
+
+    clock = ManualClock()
+    options = BudgetOptions(quota=Quota(calls=100_000, tokens=10_000_000))
+    quotas = CountingQuotas(MemoryQuotaStore(clock), clock)
+    leased = LeasedQuotas(quotas, clock)
+    for _ in range(200):
+        reservation, decision = await leased.reserve("s", options, Cost(tokens=10))
+        assert reservation is not None
+        assert decision.verdict is BudgetVerdict.ALLOW
+        await leased.settle(reservation, Cost(tokens=10))
+        clock.advance(0.0005)
+    assert len(quotas.reserved) < 200 // 8
+    await leased.flush()
+    usage = await leased.store.usage("s")
+    assert (usage.calls, usage.tokens, usage.reserved_calls) == (200, 2_000, 0)
 
 
 @pytest.mark.asyncio

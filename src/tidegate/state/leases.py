@@ -7,8 +7,10 @@ the largest single cost of the request path. A lease asks once for several reque
 * **Tokens.** :class:`LeasedBuckets` takes ``k`` tokens from the store's bucket in one call and
   hands them out to the next requests of the same key in this process. A lease is good for
   ``hold_s`` seconds; whatever is left then is dropped (never given back). ``k`` follows the
-  key's demand: half the requests it had in the previous ``hold_s`` window, at most
-  ``max_chunk``, and never more than a twentieth of the bucket's burst. A key with little
+  key's demand: half the requests it had in the previous ``hold_s`` window, or in the current
+  one so far if that is more (so a burst after a pause leases after a few requests, and each
+  lease is about half as large again as the one before), at most ``max_chunk``, and never more
+  than a twentieth of the bucket's burst. A key with little
   traffic (or a small burst) has ``k = 1``: every take goes to the store, exactly as without
   leases. A refused lease falls back to taking one token (and no lease is tried again before the
   next window), so a refusal and its ``retry_after`` always come from the store itself.
@@ -103,8 +105,10 @@ class _Demand:
         self.count += 1
 
     def chunk(self, max_chunk: int) -> int:
-        """Requests a new lease should cover: half the last window's, within ``[1, max_chunk]``."""
-        return max(1, min(max_chunk, self.previous // 2))
+        """Requests a new lease should cover: half the last window's, or half the current
+        window's so far when that is more (a burst after a pause leases within a few requests,
+        not a window later), within ``[1, max_chunk]``."""
+        return max(1, min(max_chunk, max(self.previous, self.count) // 2))
 
 
 class _TokenLease(_Demand):
