@@ -47,6 +47,63 @@ def test_labelled_children_are_looked_up_once() -> None:
         metrics.latency.labels("only-one")
 
 
+_LABEL_VALUES = st.sampled_from(["chat", "embed", "m-1", 'quote"d', "back\\slash", "new\nline"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    counts=st.lists(
+        st.tuples(_LABEL_VALUES, _LABEL_VALUES, st.floats(min_value=0, max_value=1e6)),
+        max_size=30,
+    ),
+    observations=st.lists(
+        st.tuples(
+            _LABEL_VALUES,
+            st.floats(min_value=0, max_value=500) | st.sampled_from([0.005, 1.0, 120.0]),
+        ),
+        max_size=30,
+    ),
+)
+def test_loop_metrics_expose_what_prometheus_client_metrics_expose(
+    counts: list[tuple[str, str, float]], observations: list[tuple[str, float]]
+) -> None:
+    """The same updates through LoopCounter / LoopHistogram and through prometheus_client's
+    Counter / Histogram give the same exposition, less prometheus_client's ``_created`` lines."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import Counter as NativeCounter
+    from prometheus_client import Histogram as NativeHistogram
+
+    from tidegate.gateway.metrics import LATENCY_BUCKETS, LoopCounter, LoopHistogram
+
+    loop, native = CollectorRegistry(), CollectorRegistry()
+    counters = (
+        LoopCounter("t_calls", "Calls.", ["a", "b"], registry=loop),
+        NativeCounter("t_calls", "Calls.", ["a", "b"], registry=native),
+    )
+    histograms = (
+        LoopHistogram("t_seconds", "Time.", ["a"], buckets=LATENCY_BUCKETS, registry=loop),
+        NativeHistogram("t_seconds", "Time.", ["a"], buckets=LATENCY_BUCKETS, registry=native),
+    )
+    plain = (
+        LoopCounter("t_plain", "Unlabelled.", registry=loop),
+        NativeCounter("t_plain", "Unlabelled.", registry=native),
+    )
+    for a, b, amount in counts:
+        for counter in counters:
+            counter.labels(a, b).inc(amount)
+        for counter in plain:
+            counter.inc(amount)
+    for a, seconds in observations:
+        for histogram in histograms:
+            histogram.labels(a=a).observe(seconds)
+
+    def lines(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return [line for line in text.splitlines() if "_created" not in line]
+
+    assert lines(loop) == lines(native)
+
+
 # --------------------------------------------------------------------------- small memos
 
 

@@ -6,12 +6,16 @@ bounded sets (route aliases, provider names, classes, outcome codes), never ids.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["Metrics"]
+__all__ = ["LoopCounter", "LoopHistogram", "Metrics"]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -49,6 +53,155 @@ class Counter(_CachedChildren, prometheus_client.Counter):
     pass
 
 
+class _LoopFamily:
+    """Children by label values, counted in plain attributes and read by the registry at scrape
+    time through prometheus_client's collector interface.
+
+    For the metrics every request updates (several of them per request): prometheus_client's
+    own counters take a lock and check the metric on every update, which the gateway's event
+    loop (the only thread that updates these) does not need; here an update is one addition.
+    The exposition is prometheus_client's own, from the families :meth:`collect` returns (no
+    ``_created`` series).
+    """
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str] = (), *, registry: Any
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        #: Children by their label values as given (the lookup of every update), and by the
+        #: values as strings (what the exposition shows; two spellings share one child).
+        self._by_values: dict[tuple[Any, ...], Any] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
+        if not self._labelnames:
+            self.labels()  # shown from the start, at zero, as prometheus_client shows it
+        registry.register(self)
+
+    def _new_child(self) -> Any:
+        raise NotImplementedError
+
+    def labels(self, *values: Any, **by_name: Any) -> Any:
+        """The child for these label values (positional, or all by name), made on first use."""
+        child = self._by_values.get(values) if not by_name else None
+        if child is not None:
+            return child
+        if by_name:
+            if values or sorted(by_name) != sorted(self._labelnames):
+                raise ValueError(f"{self._name}: the labels are {list(self._labelnames)}")
+            values = tuple(by_name[name] for name in self._labelnames)
+        if len(values) != len(self._labelnames):
+            raise ValueError(
+                f"{self._name}: {len(self._labelnames)} label values expected, got {len(values)}"
+            )
+        key = tuple(str(value) for value in values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._new_child()
+        self._by_values[values] = child
+        return child
+
+    def remove(self, *values: Any) -> None:
+        key = tuple(str(value) for value in values)
+        child = self._children.pop(key, None)
+        self._by_values = {k: c for k, c in self._by_values.items() if c is not child}
+
+    def clear(self) -> None:
+        self._children.clear()
+        self._by_values.clear()
+        if not self._labelnames:
+            self.labels()
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def _family(self) -> Any:
+        raise NotImplementedError
+
+
+class _CounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        self.value += amount
+
+
+class LoopCounter(_LoopFamily):
+    """A counter updated from the event loop only (see :class:`_LoopFamily`)."""
+
+    def _new_child(self) -> _CounterChild:
+        return _CounterChild()
+
+    def inc(self, amount: float = 1.0) -> None:
+        """Count on the metric itself (one without labels)."""
+        self.labels().inc(amount)
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for key, child in self._children.items():
+            family.add_metric(key, child.value)
+        return [family]
+
+
+class _HistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        #: Observations per bucket, not cumulative; the last bucket is +Inf.
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.sum += amount
+        self.counts[bisect_left(self.bounds, amount)] += 1
+
+
+class LoopHistogram(_LoopFamily):
+    """A histogram updated from the event loop only (see :class:`_LoopFamily`); an
+    observation goes in the first bucket whose upper bound it does not exceed."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        buckets: Sequence[float],
+        registry: Any,
+    ) -> None:
+        bounds = sorted(float(b) for b in buckets)
+        if bounds[-1] != float("inf"):
+            bounds.append(float("inf"))
+        self._bounds = tuple(bounds)
+        self._les = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]
+        super().__init__(name, documentation, labelnames, registry=registry)
+
+    def _new_child(self) -> _HistogramChild:
+        return _HistogramChild(self._bounds)
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for key, child in self._children.items():
+            cumulative, buckets = 0, []
+            for le, count in zip(self._les, child.counts, strict=True):
+                cumulative += count
+                buckets.append((le, cumulative))
+            family.add_metric(key, buckets, child.sum)
+        return [family]
+
+
 class Gauge(_CachedChildren, prometheus_client.Gauge):
     pass
 
@@ -61,20 +214,20 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "tidegate_requests",
             "Requests answered, by route, serving model and outcome code.",
             ["route", "model", "served_by", "outcome"],
             registry=r,
         )
-        self.latency = Histogram(
+        self.latency = LoopHistogram(
             "tidegate_request_duration_seconds",
             "Time from receiving a request to its last byte, by route and outcome.",
             ["route", "outcome"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "tidegate_time_to_first_token_seconds",
             "Time from receiving a streaming request to its first content chunk.",
             ["route", "served_by"],
@@ -91,7 +244,7 @@ class Metrics:
             ["klass"],
             registry=r,
         )
-        self.refusals = Counter(
+        self.refusals = LoopCounter(
             "tidegate_refusals",
             "Requests refused by a policy, by class and reason.",
             ["klass", "reason"],
@@ -109,7 +262,7 @@ class Metrics:
             ["provider", "to"],
             registry=r,
         )
-        self.attempts = Counter(
+        self.attempts = LoopCounter(
             "tidegate_provider_attempts",
             "Calls to providers, by provider and result (ok or an error kind).",
             ["provider", "result"],
@@ -136,10 +289,10 @@ class Metrics:
         self.budget_degraded = Counter(
             "tidegate_budget_degraded", "Requests degraded by a daily budget.", registry=r
         )
-        self.spend = Counter(
+        self.spend = LoopCounter(
             "tidegate_spend_usd", "Spend in US dollars by serving model.", ["model"], registry=r
         )
-        self.tokens = Counter(
+        self.tokens = LoopCounter(
             "tidegate_tokens",
             "Tokens by serving model and direction.",
             ["model", "direction"],
