@@ -320,8 +320,9 @@ def test_quotas_and_costs_must_not_be_negative(field: str) -> None:
     """Quota and Cost refuse negative amounts, naming the field."""
     with pytest.raises(ValueError, match=field):
         Quota(**{field: -1})
-    with pytest.raises(ValueError, match=field):
-        Cost(**{field: -1})
+    for bad in (-1, -0.5, math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match=field):
+            Cost(**{field: bad})
 
 
 def test_defaults() -> None:

@@ -81,6 +81,9 @@ __all__ = [
 DAY_SECONDS = 86_400
 
 
+_INF = math.inf
+
+
 def _non_negative(value: float | None, name: str) -> None:
     if value is not None and not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -128,6 +131,10 @@ class Cost:
     cost: float = 0.0
 
     def __post_init__(self) -> None:
+        # Built several times for every request: one chained comparison decides the usual case
+        # (NaN and infinity fail it too), and the checks naming the bad field run only then.
+        if 0 <= self.calls < _INF and 0 <= self.tokens < _INF and 0 <= self.cost < _INF:
+            return
         _non_negative(self.calls, "calls")
         _non_negative(self.tokens, "tokens")
         _non_negative(self.cost, "cost")
