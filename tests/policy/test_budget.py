@@ -2,6 +2,7 @@ import math
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -321,8 +322,9 @@ def test_quotas_and_costs_must_not_be_negative(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         Quota(**{field: -1})
     for bad in (-1, -0.5, math.nan, math.inf, -math.inf):
+        amounts: dict[str, Any] = {field: bad}
         with pytest.raises(ValueError, match=field):
-            Cost(**{field: bad})
+            Cost(**amounts)
 
 
 def test_defaults() -> None:
