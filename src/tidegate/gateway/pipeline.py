@@ -72,6 +72,9 @@ NOT_EVIDENCE = frozenset(
 )
 #: How often a request waiting on an in-progress idempotency key looks again.
 IDEMPOTENCY_POLL_S = 0.05
+#: Route plans remembered (combinations of route, data class, approved fallbacks and open
+#: breakers) before they are all forgotten.
+PLANS_REMEMBERED = 1024
 DEADLINE_HEADER = "x-tidegate-deadline-ms"
 PRIORITY_HEADER = "x-tidegate-priority"
 
@@ -277,11 +280,23 @@ def _entry_lost(rt: Runtime, settle: Settlement) -> None:
 
 
 def plan_for(rt: Runtime, route: Route, identity: Identity) -> RoutePlan:
+    """The route's plan for this request: worked out once per combination of its inputs (the
+    route, the data class, the approved fallbacks and the open breakers), then remembered."""
     approved = rt.approved_fallbacks()
-    open_breakers = {s.name for s in route.specs if not rt.breakers[s.name].would_admit()}
-    return plan_route(
+    breakers = rt.breakers
+    open_breakers = frozenset(s.name for s in route.specs if not breakers[s.name].would_admit())
+    key = (id(route), identity.data_class, approved, open_breakers)
+    plans = rt.plans
+    known = plans.get(key)
+    if known is not None and known[0] is route:
+        return known[1]
+    if len(plans) >= PLANS_REMEMBERED:
+        plans.clear()
+    plan = plan_route(
         route.specs, data_class=identity.data_class, approved=approved, open_breakers=open_breakers
     )
+    plans[key] = (route, plan)
+    return plan
 
 
 def no_candidates(rt: Runtime, plan: RoutePlan, identity: Identity) -> Exception:
@@ -575,15 +590,6 @@ def _usage_of(
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-
-
-def _text_chars(answer: Mapping[str, Any]) -> int:
-    total = 0
-    for choice in answer.get("choices") or ():
-        content = (choice.get("message") or {}).get("content")
-        if isinstance(content, str):
-            total += len(content)
-    return total
 
 
 class Settlement:
@@ -991,16 +997,20 @@ async def _lead(
     spec, answer = await call_route(rt, ex, route, body, deadline, plan)
     served_model = rt.provider_configs[spec.name].model
     answer["model"] = served_model
+    text_chars = 0  # of the cleaned answers: the completion's size when usage is missing
+    clean = rt.output_filter.clean
     for choice in answer.get("choices") or ():
         message = choice.get("message") or {}
-        if isinstance(message.get("content"), str):
-            message["content"] = rt.output_filter.clean(message["content"])
+        content = message.get("content")
+        if isinstance(content, str):
+            content = message["content"] = clean(content)
+            text_chars += len(content)
     ex.served_by, ex.served_model = spec.name, served_model
     choice = (answer.get("choices") or [{}])[0]
     ex.validation_failed = validation_failed(
         body, choice.get("finish_reason"), str((choice.get("message") or {}).get("content") or "")
     )
-    ex.usage = _usage_of(answer, body, _text_chars(answer))
+    ex.usage = _usage_of(answer, body, text_chars)
     answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
     ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
     _account(rt, ex)

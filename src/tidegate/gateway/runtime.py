@@ -44,7 +44,7 @@ from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
-from tidegate.policy.routing import FailoverOptions, ProviderSpec
+from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan
 from tidegate.providers.base import Provider
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores, store_from_urls
@@ -203,6 +203,8 @@ class Runtime:
     in_flight: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
+    #: Route plans by what decides them (see ``pipeline.plan_for``).
+    plans: dict[tuple[Any, ...], tuple[Route, RoutePlan]] = field(default_factory=dict, repr=False)
 
     def approved_fallbacks(self) -> frozenset[str]:
         """Providers approved as automatic fallbacks, less those the eval gate blocks.

@@ -651,8 +651,8 @@ class AdmissionController:
         the tenant frees one.
         """
         options = self._options
-        if self._in_flight >= options.slots:
-            return None
+        if self._in_flight >= options.slots or not any(self._heaps):
+            return None  # no slot, or nothing queued (every request that finishes asks)
         now = self._clock.now()
         active = self._priority_active(now)
         order: DequeueOrder = options.dequeue if active else "fifo"

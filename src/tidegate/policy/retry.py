@@ -573,11 +573,31 @@ async def acall_with_deadline(
 
     Cancellation is not an error to retry: it propagates at once.
     """
-    run = _Run(
-        RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on), deadline, per_try, on_event
-    )
-    timeout = run.begin()
+    # The first attempt starts as the planner would start it, without building the planner:
+    # most calls succeed at once and never need one.
+    _check_per_try(per_try)
+    remaining = deadline.remaining()
+    if remaining <= policy.min_attempt:
+        planner = RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on)
+        _Run(planner, deadline, per_try, on_event).begin()  # raises, with its event
+        raise AssertionError("unreachable: no attempt can start")
+    if budget is not None:
+        budget.record_first_try()
+    try:
+        return await fn(min(per_try, remaining))
+    except Exception as error:
+        planner = RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on)
+        run = _Run(planner, deadline, per_try, on_event)
+        run.attempts = 1
+        delay = run.failed(error)
+        if delay is None:
+            raise
+        last = error
     while True:
+        await sleep(delay)
+        timeout = run.resume()
+        if timeout is None:
+            raise last
         try:
             return await fn(timeout)
         except Exception as error:
@@ -585,8 +605,3 @@ async def acall_with_deadline(
             if delay is None:
                 raise
             last = error
-        await sleep(delay)
-        next_timeout = run.resume()
-        if next_timeout is None:
-            raise last
-        timeout = next_timeout
