@@ -13,7 +13,7 @@ import asyncio
 import functools
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -75,15 +75,18 @@ IDEMPOTENCY_POLL_S = 0.05
 #: Route plans remembered (combinations of route, data class, approved fallbacks and open
 #: breakers) before they are all forgotten.
 PLANS_REMEMBERED = 1024
+_NO_NAMES: frozenset[str] = frozenset()
 DEADLINE_HEADER = "x-tidegate-deadline-ms"
 PRIORITY_HEADER = "x-tidegate-priority"
 
 
-@dataclass
 class Exchange:
-    """What one request did, for its response headers, its log line and its metrics."""
+    """What one request did, for its response headers, its log line and its metrics.
 
-    request_id: str
+    A plain class rather than a dataclass: one is made for every request, and only the two
+    mutable fields need setting per instance; the others start as the class's defaults.
+    """
+
     route: str = "-"
     identity: Identity | None = None
     served_by: str = "-"
@@ -92,9 +95,7 @@ class Exchange:
     status: int = 200
     cache: str = ""
     budget: str = ""
-    tried: list[tuple[str, ProviderErrorKind | SkipReason | None]] = field(default_factory=list)
     skipped: tuple[Skip, ...] = ()
-    usage: dict[str, int] = field(default_factory=dict)
     cost: float = 0.0
     first_token_s: float | None = None
     #: Set once the request is settling: a disconnect from then on cancels nothing.
@@ -103,9 +104,18 @@ class Exchange:
     version: str = ""
     #: A truncated answer, or not the JSON the request asked for (judged by the canary gate).
     validation_failed: bool = False
-    _tried_memo: tuple[tuple[int, tuple[Skip, ...]], str] | None = field(
-        default=None, repr=False, compare=False
-    )
+    _tried_memo: tuple[tuple[int, tuple[Skip, ...]], str] | None = None
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.tried: list[tuple[str, ProviderErrorKind | SkipReason | None]] = []
+        self.usage: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"Exchange(request_id={self.request_id!r}, route={self.route!r}, "
+            f"served_by={self.served_by!r}, outcome={self.outcome!r}, status={self.status})"
+        )
 
     def tried_header(self) -> str:
         # Asked for the answer's headers, the log line and the span: described once per change.
@@ -284,7 +294,10 @@ def plan_for(rt: Runtime, route: Route, identity: Identity) -> RoutePlan:
     route, the data class, the approved fallbacks and the open breakers), then remembered."""
     approved = rt.approved_fallbacks()
     breakers = rt.breakers
-    open_breakers = frozenset(s.name for s in route.specs if not breakers[s.name].would_admit())
+    open_breakers = _NO_NAMES
+    for spec in route.specs:
+        if not breakers[spec.name].would_admit():
+            open_breakers = open_breakers | {spec.name}
     key = (id(route), identity.data_class, approved, open_breakers)
     plans = rt.plans
     known = plans.get(key)

@@ -173,7 +173,11 @@ class LeasedBuckets(_Leased[BucketStore]):
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
         now = self._clock.now()
         lease = self._seen(self._leases, key, now, _TokenLease)
-        if lease.tokens >= n and now < lease.expires and lease.options == options:
+        if (
+            lease.tokens >= n
+            and now < lease.expires
+            and (lease.options is options or lease.options == options)
+        ):
             lease.tokens -= n
             return TakeResult(
                 allowed=True, remaining=lease.tokens, retry_after=0.0, reset_after=0.0
