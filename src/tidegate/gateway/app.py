@@ -414,6 +414,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         this = asyncio.current_task(loop)
         assert this is not None
+        ex.task = this
         watch = _Watch(this, ex, receive, loop.time())
 
         async def tracked_send(message: MutableMapping[str, Any]) -> None:

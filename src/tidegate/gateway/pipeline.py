@@ -105,6 +105,8 @@ class Exchange:
     #: A truncated answer, or not the JSON the request asked for (judged by the canary gate).
     validation_failed: bool = False
     _tried_memo: tuple[tuple[int, tuple[Skip, ...]], str] | None = None
+    #: The task handling the request, when the caller knows it (saves looking it up again).
+    task: asyncio.Task[Any] | None = None
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -709,7 +711,7 @@ async def settle_shielded(settle: Settlement, ex: Exchange) -> None:
     (a disconnect before the answer, or the drain deadline at shutdown) it runs shielded.
     """
     ex.settling = True
-    task = asyncio.current_task()
+    task = ex.task or asyncio.current_task()
     if task is not None and task.cancelling():
         await asyncio.shield(settle.run())
     else:

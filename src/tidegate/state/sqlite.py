@@ -71,12 +71,31 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _current_task_id() -> int:
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop: a synchronous caller
-        return 0
-    return id(task) if task is not None else 0
+class _TaskIds:
+    """The current task's id (0 outside any task), for the batch owner checks.
+
+    ``asyncio.current_task()`` first finds the running loop, which costs a ``getpid`` system call
+    (the check that no fork happened); two batches a request made that show. The loop found last
+    is remembered with its thread: while it is running and the caller is on that thread, it is
+    the running loop (a thread runs one loop at a time), and the task is read from it directly.
+    """
+
+    __slots__ = ("_loop", "_thread")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+
+    def __call__(self) -> int:
+        loop = self._loop
+        if loop is None or not loop.is_running() or self._thread != threading.get_ident():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no running loop: a synchronous caller
+                return 0
+            self._loop, self._thread = loop, threading.get_ident()
+        task = asyncio.current_task(loop)
+        return id(task) if task is not None else 0
 
 
 #: Forward-only migrations; the index + 1 is the schema version it brings.
@@ -152,7 +171,7 @@ class _Batch:
         db = self._db
         if db._batch_owner is not None:
             return  # already in a batch: join it
-        db._batch_owner = _current_task_id()
+        db._batch_owner = db._task_id()
         db._open_batch = self
         self._outer = True
 
@@ -199,6 +218,7 @@ class SQLiteDatabase:
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
         self._batch_owner: int | None = None
+        self._task_id = _TaskIds()
         #: The batch open now, whose transaction begins with its first statement.
         self._open_batch: _Batch | None = None
         #: The thread whose event loop commits the open group transaction (None: none open).
@@ -382,7 +402,7 @@ class SQLiteDatabase:
                 waiter.set_exception(StoreError(error.message, original=error.original))
 
     def _check_batch_owner(self) -> None:
-        if _current_task_id() != self._batch_owner:
+        if self._task_id() != self._batch_owner:
             raise RuntimeError(
                 "a SQLite batch was joined from another task: a batch must not yield"
             )
