@@ -57,13 +57,16 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) ->
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
-        chunk = message.get("body", b"")
+        chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"the body is over the {limit}-byte limit")
-        chunks.append(chunk)
         if not message.get("more_body", False):
+            if not chunks:
+                return chunk  # the usual case: the whole body in one message
+            chunks.append(chunk)
             return b"".join(chunks)
+        chunks.append(chunk)
 
 
 async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) -> dict[str, Any]:

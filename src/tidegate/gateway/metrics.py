@@ -213,6 +213,7 @@ class Histogram(_CachedChildren, prometheus_client.Histogram):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._by_model: dict[str, tuple[Any, Any, Any]] = {}
         r = self.registry
         self.requests = LoopCounter(
             "tidegate_requests",
@@ -332,6 +333,17 @@ class Metrics:
             ["source"],
             registry=r,
         )
+
+    def model_children(self, model: str) -> tuple[Any, Any, Any]:
+        """The spend, prompt-token and completion-token counters of ``model``, looked up once."""
+        children = self._by_model.get(model)
+        if children is None:
+            children = self._by_model[model] = (
+                self.spend.labels(model),
+                self.tokens.labels(model, "prompt"),
+                self.tokens.labels(model, "completion"),
+            )
+        return children
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -42,7 +42,7 @@ from tidegate.ids import new_id
 from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import KillSwitchMode, check_answering
-from tidegate.policy.ratelimit import ratelimit_headers
+from tidegate.policy.ratelimit import BucketOptions, TakeResult, ratelimit_headers
 from tidegate.policy.retry import RetryBudgetDenied, RetryEvent, RetryScheduled, acall_with_deadline
 from tidegate.policy.routing import (
     ProviderSpec,
@@ -227,23 +227,27 @@ def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -
 
 
 async def apply_rate_limits(rt: Runtime, identity: Identity) -> None:
-    checks = (
-        (rt.user_bucket, f"user:{identity.tenant}:{identity.user}", "per-user"),
-        (rt.tenant_bucket, f"tenant:{identity.tenant}", "per-tenant"),
-    )
-    for options, key, name in checks:
-        if options is None:
-            continue
-        result = await rt.take_bucket(key, options)
+    options = rt.user_bucket
+    if options is not None:
+        result = await rt.take_bucket(f"user:{identity.tenant}:{identity.user}", options)
         if not result.allowed:
-            retry_after = result.retry_after if result.retry_after != float("inf") else None
-            raise RateLimited(
-                f"{name} rate limit: {options.burst:g} requests, refilling {options.rate:g}/s",
-                policy="ratelimit",
-                retry_after=retry_after,
-                reason=name,
-                headers=ratelimit_headers(options, result, policy_name=name),
-            )
+            raise _rate_limited(options, result, "per-user")
+    options = rt.tenant_bucket
+    if options is not None:
+        result = await rt.take_bucket(f"tenant:{identity.tenant}", options)
+        if not result.allowed:
+            raise _rate_limited(options, result, "per-tenant")
+
+
+def _rate_limited(options: BucketOptions, result: TakeResult, name: str) -> RateLimited:
+    retry_after = result.retry_after if result.retry_after != float("inf") else None
+    return RateLimited(
+        f"{name} rate limit: {options.burst:g} requests, refilling {options.rate:g}/s",
+        policy="ratelimit",
+        retry_after=retry_after,
+        reason=name,
+        headers=ratelimit_headers(options, result, policy_name=name),
+    )
 
 
 async def reserve_budget(
@@ -1041,11 +1045,11 @@ async def _lead(
 
 
 def _account(rt: Runtime, ex: Exchange) -> None:
-    rt.metrics.spend.labels(ex.served_model).inc(ex.cost)
-    rt.metrics.tokens.labels(ex.served_model, "prompt").inc(ex.usage.get("prompt_tokens", 0))
-    rt.metrics.tokens.labels(ex.served_model, "completion").inc(
-        ex.usage.get("completion_tokens", 0)
-    )
+    metrics = rt.metrics
+    spend, prompt, completion = metrics.model_children(ex.served_model)
+    spend.inc(ex.cost)
+    prompt.inc(ex.usage.get("prompt_tokens", 0))
+    completion.inc(ex.usage.get("completion_tokens", 0))
 
 
 async def _stream_answer(

@@ -332,14 +332,28 @@ def describe_attempts(
     ``primary=timeout, fallback=ok, other=skipped:breaker_open``. Nothing tried is ``""``.
     """
     entries: list[str] = []
-    steps = [*tried, *((s.name, s.reason) for s in skipped)]
-    for name, outcome in steps:
-        _check_name(name, "provider name")
-        if outcome is None:
-            text = "ok"
-        elif isinstance(outcome, SkipReason):
-            text = f"skipped:{outcome.value}"
-        else:
-            text = ProviderErrorKind(outcome).value
-        entries.append(f"{name}={text}")
+    for step in tried:
+        entry = _ENTRIES.get(step) or _entry(*step)
+        entries.append(entry)
+    for skip in skipped:
+        entries.append(_entry(skip.name, skip.reason))
     return ", ".join(entries)
+
+
+#: ``name=outcome`` texts already written (provider names and outcomes are small sets).
+_ENTRIES: dict[tuple[str, ProviderErrorKind | SkipReason | None], str] = {}
+_ENTRIES_REMEMBERED = 4096
+
+
+def _entry(name: str, outcome: ProviderErrorKind | SkipReason | None) -> str:
+    _check_name(name, "provider name")
+    if outcome is None:
+        text = "ok"
+    elif isinstance(outcome, SkipReason):
+        text = f"skipped:{outcome.value}"
+    else:
+        text = ProviderErrorKind(outcome).value
+    if len(_ENTRIES) >= _ENTRIES_REMEMBERED:
+        _ENTRIES.clear()
+    entry = _ENTRIES[(name, outcome)] = f"{name}={text}"
+    return entry
