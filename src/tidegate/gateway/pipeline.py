@@ -624,51 +624,48 @@ class Settlement:
         self.served = False
 
     async def run(self) -> None:
-        with self.rt.stores.batch():  # one SQLite transaction for the whole settlement
-            written = await self._run()
+        """Settle what is owed, in one SQLite transaction committed with the other batches of
+        this round; a store that fails (or whose commit fails) is logged as lost."""
+        rt, ex = self.rt, self.ex
+        written: list[str] = []
+        with rt.stores.batch():
+            if self.ticket is not None:
+                rt.admission.exit(self.ticket, completed=self.served)
+                self.ticket = None
+            if self.reservation is not None:
+                reservation, self.reservation = self.reservation, None
+                try:
+                    if self.served:
+                        tokens = ex.usage.get("total_tokens", 0)
+                        await rt.stores.quotas.settle(
+                            reservation, Cost(calls=1, tokens=tokens, cost=ex.cost)
+                        )
+                    else:
+                        await rt.stores.quotas.refund(reservation)
+                    written.append("quotas")
+                except StoreError as exc:
+                    self._lost("quotas", exc)
+            if self.idempotency is not None:
+                key, token = self.idempotency
+                self.idempotency = None
+                try:
+                    if self.stored is not None:
+                        await rt.stores.idempotency.complete(
+                            key, token, self.stored, ttl_s=rt.config.idempotency.ttl_s
+                        )
+                    else:
+                        await rt.stores.idempotency.abandon(key, token)
+                    if rt.stores.one_backend:  # in the same transaction as the budget's
+                        written.append("idempotency")
+                except StoreError as exc:
+                    self._lost("idempotency", exc)
         if not written:
             return
         try:
-            await self.rt.stores.committed()  # committed with the other batches of this round
+            await rt.stores.committed()
         except StoreError as exc:
             for store in written:
                 self._lost(store, exc)
-
-    async def _run(self) -> list[str]:
-        """Settle what is owed; returns the stores written (their commit may still fail)."""
-        rt, ex = self.rt, self.ex
-        written: list[str] = []
-        if self.ticket is not None:
-            rt.admission.exit(self.ticket, completed=self.served)
-            self.ticket = None
-        if self.reservation is not None:
-            reservation, self.reservation = self.reservation, None
-            try:
-                if self.served:
-                    tokens = ex.usage.get("total_tokens", 0)
-                    await rt.stores.quotas.settle(
-                        reservation, Cost(calls=1, tokens=tokens, cost=ex.cost)
-                    )
-                else:
-                    await rt.stores.quotas.refund(reservation)
-                written.append("quotas")
-            except StoreError as exc:
-                self._lost("quotas", exc)
-        if self.idempotency is not None:
-            key, token = self.idempotency
-            self.idempotency = None
-            try:
-                if self.stored is not None:
-                    await rt.stores.idempotency.complete(
-                        key, token, self.stored, ttl_s=rt.config.idempotency.ttl_s
-                    )
-                else:
-                    await rt.stores.idempotency.abandon(key, token)
-                if rt.stores.one_backend:  # in the same transaction as the budget's
-                    written.append("idempotency")
-            except StoreError as exc:
-                self._lost("idempotency", exc)
-        return written
 
     async def complete_idempotency(self) -> None:
         """Store the answer under the request's idempotency key now, if it has one. On a store
@@ -909,7 +906,8 @@ async def _answer_json(
     rt: Runtime, ex: Exchange, send: Send, payload: bytes, settle: Settlement
 ) -> None:
     headers = ex.answer_headers()
-    settle.stored = StoredResponse(200, payload, {"content-type": "application/json"})
+    if settle.idempotency is not None:  # what the key replays
+        settle.stored = StoredResponse(200, payload, {"content-type": "application/json"})
     settle.served = True
     ex.status = 200
     # Recorded before it is sent: a replica that dies between the two then leaves a key that
