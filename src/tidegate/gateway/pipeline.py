@@ -855,7 +855,10 @@ async def chat_completions(
                 started_stream = True
                 await _stream_answer(rt, ex, route, body, deadline, plan, send, settle, headers)
                 return
-            body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan, use_cache)
+            if use_cache:
+                body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan, True)
+            else:  # nothing to share: the request leads its own call
+                body_bytes = (await _lead(rt, ex, key, route, body, deadline, plan, False))[0]
         except (ProviderError, CircuitOpen, Unavailable) as error:
             # Degraded mode: only when no model can answer, retrying could, and nothing was sent.
             retryable = error.retryable if isinstance(error, ProviderError) else True
