@@ -14,7 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidegate.clock import ManualClock
-from tidegate.gateway.logsink import FLUSH_BYTES, RequestLines, RoundBufferedSink, UTCTimestamp
+from tidegate.gateway.logsink import (
+    FLUSH_BYTES,
+    RequestLines,
+    RoundBufferedSink,
+    UTCTimestamp,
+    flush_all,
+)
 
 
 class Recorder(io.BytesIO):
@@ -220,3 +226,17 @@ def test_the_direct_request_line_is_the_line_structlog_writes(fields: dict[str, 
     RequestLines(direct_sink, UTCTimestamp(ManualClock(wall_start=wall)))(dict(fields))
     assert direct.getvalue() == via_structlog.getvalue()
     assert list(orjson.loads(direct.getvalue()))[-3:] == ["event", "level", "timestamp"]
+
+
+@pytest.mark.asyncio
+async def test_flushing_writes_every_live_sink() -> None:
+    """A reconfiguration makes a new sink while an earlier request-line writer may still hold the
+    old one: the flush at shutdown and exit writes what each of them holds."""
+    older, newer = Recorder(), Recorder()
+    first, second = RoundBufferedSink(older), RoundBufferedSink(newer)
+    first.msg(b'{"n":1}')
+    second.msg(b'{"n":2}')
+    assert older.writes == newer.writes == []  # both wait for the end of the round
+    flush_all()
+    assert older.getvalue() == b'{"n":1}\n'
+    assert newer.getvalue() == b'{"n":2}\n'

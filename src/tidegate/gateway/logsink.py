@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import MutableMapping
 from typing import Any, BinaryIO
 
@@ -25,10 +26,19 @@ import orjson
 
 from tidegate.clock import Clock, SystemClock
 
-__all__ = ["FLUSH_BYTES", "RequestLines", "RoundBufferedSink", "UTCTimestamp"]
+__all__ = ["FLUSH_BYTES", "RequestLines", "RoundBufferedSink", "UTCTimestamp", "flush_all"]
 
 #: Buffered bytes that trigger a write before the round ends.
 FLUSH_BYTES = 64 * 1024
+#: Every sink not yet collected (see :func:`flush_all`).
+_LIVE: weakref.WeakSet[RoundBufferedSink] = weakref.WeakSet()
+
+
+def flush_all() -> None:
+    """Write the lines every live sink still holds: a reconfiguration makes a new sink, and a
+    request-line writer made earlier may still hold the one before."""
+    for sink in list(_LIVE):
+        sink.flush()
 
 
 class RoundBufferedSink:
@@ -38,6 +48,7 @@ class RoundBufferedSink:
     """
 
     def __init__(self, stream: BinaryIO) -> None:
+        _LIVE.add(self)
         self._stream = stream
         self._lines: list[bytes] = []
         self._size = 0

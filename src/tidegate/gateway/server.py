@@ -17,7 +17,7 @@ import uvicorn
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
-from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp
+from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp, flush_all
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
@@ -48,9 +48,8 @@ _sink: RoundBufferedSink | None = None
 
 
 def flush_logs() -> None:
-    """Write the log lines still buffered (at shutdown and at exit)."""
-    if _sink is not None:
-        _sink.flush()
+    """Write the log lines still buffered (at shutdown and at exit), in every sink."""
+    flush_all()
 
 
 atexit.register(flush_logs)
