@@ -153,6 +153,9 @@ class _Leased(Generic[S]):
         forgotten (all of them if that is not enough): a key's next request starts it afresh.
         """
         record = table.get(key)
+        if record is not None and now < record.window_end:
+            record.count += 1  # the usual case, as ``seen`` counts it within its window
+            return record
         if record is None:
             if len(table) >= MAX_KEYS:
                 for stale in [k for k, r in table.items() if r.window_end + self._hold_s < now]:
