@@ -240,3 +240,32 @@ async def test_flushing_writes_every_live_sink() -> None:
     flush_all()
     assert older.getvalue() == b'{"n":1}\n'
     assert newer.getvalue() == b'{"n":2}\n'
+
+
+@pytest.mark.parametrize(
+    ("level", "json_lines", "direct"),
+    [("info", True, True), ("debug", True, True), ("warning", True, False), ("info", False, False)],
+)
+def test_the_direct_request_line_only_where_it_writes_what_structlog_would(
+    level: str, json_lines: bool, direct: bool
+) -> None:
+    """configure_logging hands the gateway the direct writer for JSON lines at info or below,
+    and structlog's own call otherwise (console lines, or a level that drops the line)."""
+    from tidegate.gateway.app import log_request
+    from tidegate.gateway.config import Config
+    from tidegate.gateway.server import configure_logging
+
+    config = Config.model_validate(
+        {
+            "profile": "dev",
+            "providers": {"p": {"type": "fake", "model": "p-2026-01"}},
+            "models": {"m": {"providers": ["p"]}},
+            "logging": {"level": level, "json_lines": json_lines},
+        }
+    )
+    try:
+        writer = configure_logging(config)
+        assert isinstance(writer, RequestLines) is direct
+        assert (writer is log_request) is not direct
+    finally:
+        structlog.reset_defaults()

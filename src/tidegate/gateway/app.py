@@ -76,7 +76,9 @@ def tune_gc() -> None:
 WATCH_AFTER_S = 0.05
 
 
-def _log_request(fields: dict[str, Any]) -> None:
+def log_request(fields: dict[str, Any]) -> None:
+    """The request's log line through structlog (see ``server.configure_logging`` for the
+    direct writer used when the line is JSON)."""
     log.info("request", **fields)
 
 
@@ -184,7 +186,7 @@ class Gateway:
         self._controller: asyncio.Task[None] | None = None
         self._watches = DisconnectWatches()
         #: Writes the request's log line; start-up sets the cheapest writer the logging allows.
-        self._log_request: Callable[[dict[str, Any]], None] = _log_request
+        self._log_request: Callable[[dict[str, Any]], None] = log_request
 
     # ------------------------------------------------------------------ lifespan
 

@@ -15,7 +15,7 @@ import orjson
 import structlog
 import uvicorn
 
-from tidegate.gateway.app import Gateway
+from tidegate.gateway.app import Gateway, log_request
 from tidegate.gateway.config import Config, load_config
 from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp, flush_all
 
@@ -85,11 +85,7 @@ def configure_logging(config: Config) -> Callable[[dict[str, Any]], None]:
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
-    return direct or _log_request
-
-
-def _log_request(fields: dict[str, Any]) -> None:
-    structlog.get_logger("tidegate").info("request", **fields)
+    return direct or log_request
 
 
 def app_from_env() -> Gateway:
