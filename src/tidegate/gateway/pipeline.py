@@ -856,7 +856,7 @@ async def chat_completions(
                 await _stream_answer(rt, ex, route, body, deadline, plan, send, settle, headers)
                 return
             if use_cache:
-                body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan, True)
+                body_bytes = await _single_flight(rt, ex, key, route, body, deadline, plan)
             else:  # nothing to share: the request leads its own call
                 body_bytes = (await _lead(rt, ex, key, route, body, deadline, plan, False))[0]
         except (ProviderError, CircuitOpen, Unavailable) as error:
@@ -927,54 +927,47 @@ async def _single_flight(
     body: dict[str, Any],
     deadline: Deadline,
     plan: RoutePlan,
-    cacheable: bool,
 ) -> bytes:
-    """Identical in-flight requests share one upstream call; the leader fills the cache.
+    """Identical in-flight cacheable requests share one upstream call; the leader fills the cache.
 
     In this process followers await the leader's future; across replicas (a Redis store) the
     leader holds a lease in Redis and the others read its result from there.
     """
-    if not cacheable:  # nothing to share: the request leads its own call
-        return (await _lead(rt, ex, key, route, body, deadline, plan, cacheable))[0]
     flights = rt.flights
-    if cacheable and key in flights:
+    if key in flights:
         rt.metrics.single_flight.inc()
         async with asyncio.timeout(deadline.remaining()):
             flight = await asyncio.shield(flights[key])
         _follow(ex, flight)
         return flight[0]
-    future: asyncio.Future[Flight] | None = None
-    if cacheable:
-        future = asyncio.get_running_loop().create_future()
-        flights[key] = future
+    future: asyncio.Future[Flight] = asyncio.get_running_loop().create_future()
+    flights[key] = future
     try:
         led = False
 
         async def lead() -> Flight:
             nonlocal led
             led = True
-            return await _lead(rt, ex, key, route, body, deadline, plan, cacheable)
+            return await _lead(rt, ex, key, route, body, deadline, plan, True)
 
-        if cacheable and rt.fleet_flight is not None:
+        if rt.fleet_flight is not None:
             flight = await _fleet_flight(rt, key, lead, deadline)
         else:
             flight = await lead()
         if not led:
             rt.metrics.single_flight.inc()
             _follow(ex, flight)
-        if future is not None:
-            future.set_result(flight)
+        future.set_result(flight)
         return flight[0]
     except BaseException as error:
-        if future is not None and not future.done():
+        if not future.done():
             future.set_exception(
                 error if isinstance(error, Exception) else asyncio.CancelledError()
             )
             future.exception()  # mark retrieved: followers may have gone
         raise
     finally:
-        if future is not None:
-            flights.pop(key, None)
+        flights.pop(key, None)
 
 
 def _follow(ex: Exchange, flight: Flight) -> None:
@@ -1046,8 +1039,7 @@ async def _lead(
 
 
 def _account(rt: Runtime, ex: Exchange) -> None:
-    metrics = rt.metrics
-    spend, prompt, completion = metrics.model_children(ex.served_model)
+    spend, prompt, completion = rt.metrics.model_children(ex.served_model)
     spend.inc(ex.cost)
     prompt.inc(ex.usage.get("prompt_tokens", 0))
     completion.inc(ex.usage.get("completion_tokens", 0))
