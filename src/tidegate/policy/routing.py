@@ -331,12 +331,8 @@ def describe_attempts(
     breaker opened after the plan was made). Example:
     ``primary=timeout, fallback=ok, other=skipped:breaker_open``. Nothing tried is ``""``.
     """
-    entries: list[str] = []
-    for step in tried:
-        entry = _ENTRIES.get(step) or _entry(*step)
-        entries.append(entry)
-    for skip in skipped:
-        entries.append(_entry(skip.name, skip.reason))
+    entries = [_entry(name, outcome) for name, outcome in tried]
+    entries += [_entry(skip.name, skip.reason) for skip in skipped]
     return ", ".join(entries)
 
 
@@ -346,6 +342,10 @@ _ENTRIES_REMEMBERED = 4096
 
 
 def _entry(name: str, outcome: ProviderErrorKind | SkipReason | None) -> str:
+    """``name=outcome``, written once per pair (the name checked then)."""
+    known = _ENTRIES.get((name, outcome))
+    if known is not None:
+        return known
     _check_name(name, "provider name")
     if outcome is None:
         text = "ok"

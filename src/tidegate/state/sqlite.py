@@ -159,19 +159,21 @@ class _Batch:
     answered without the database (from a lease, say) costs no transaction at all.
     """
 
-    __slots__ = ("_begun", "_db", "_joined", "_outer")
+    __slots__ = ("_begun", "_db", "_joined", "_outer", "owner")
 
     def __init__(self, db: SQLiteDatabase) -> None:
         self._db = db
         self._outer = False
         self._joined = False
         self._begun = False
+        #: The id of the task that opened the batch; only it may run statements in it.
+        self.owner = 0
 
     def __enter__(self) -> None:
         db = self._db
-        if db._batch_owner is not None:
+        if db._open_batch is not None:
             return  # already in a batch: join it
-        db._batch_owner = db._task_id()
+        self.owner = db._task_id()
         db._open_batch = self
         self._outer = True
 
@@ -189,7 +191,6 @@ class _Batch:
         if not self._outer:
             return
         db = self._db
-        db._batch_owner = None
         db._open_batch = None
         if not self._begun:
             return
@@ -217,7 +218,6 @@ class SQLiteDatabase:
 
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
-        self._batch_owner: int | None = None
         self._task_id = _TaskIds()
         #: The batch open now, whose transaction begins with its first statement.
         self._open_batch: _Batch | None = None
@@ -296,10 +296,13 @@ class SQLiteDatabase:
     def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` in one transaction (or in the open batch), wrapping driver errors."""
         try:
-            if self._batch_owner is not None:
-                self._check_batch_owner()
-                batch = self._open_batch
-                if batch is not None and not batch._begun:
+            batch = self._open_batch
+            if batch is not None:
+                if self._task_id() != batch.owner:
+                    raise RuntimeError(
+                        "a SQLite batch was joined from another task: a batch must not yield"
+                    )
+                if not batch._begun:
                     batch.begin()
                 return work(self._conn)
             with self.transaction() as conn:
@@ -400,12 +403,6 @@ class SQLiteDatabase:
         for waiter in waiters:
             if not waiter.done() and not waiter.get_loop().is_closed():
                 waiter.set_exception(StoreError(error.message, original=error.original))
-
-    def _check_batch_owner(self) -> None:
-        if self._task_id() != self._batch_owner:
-            raise RuntimeError(
-                "a SQLite batch was joined from another task: a batch must not yield"
-            )
 
     def ping(self) -> None:
         try:
