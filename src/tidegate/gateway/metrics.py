@@ -206,10 +206,6 @@ class Gauge(_CachedChildren, prometheus_client.Gauge):
     pass
 
 
-class Histogram(_CachedChildren, prometheus_client.Histogram):
-    pass
-
-
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
