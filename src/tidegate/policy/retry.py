@@ -407,11 +407,8 @@ class RetryPlanner:
 
     def start(self, deadline: Deadline, per_try: float) -> Attempt | GiveUp:
         """Start an attempt capped at ``min(per_try, time left)``, unless too little time is left."""
-        _check_per_try(per_try)
-        remaining = deadline.remaining()
-        if remaining <= self.policy.min_attempt:
-            return GiveUp(GiveUpReason.DEADLINE)
-        return Attempt(min(per_try, remaining))
+        timeout = _attempt_timeout(self.policy, deadline, per_try)
+        return GiveUp(GiveUpReason.DEADLINE) if timeout is None else Attempt(timeout)
 
     def after_failure(
         self,
@@ -452,6 +449,15 @@ class RetryPlanner:
             kind=error.kind,
             from_retry_after=retry_after is not None,
         )
+
+
+def _attempt_timeout(policy: RetryPolicy, deadline: Deadline, per_try: float) -> float | None:
+    """An attempt's timeout, ``min(per_try, time left)``; None when too little time is left."""
+    _check_per_try(per_try)
+    remaining = deadline.remaining()
+    if remaining <= policy.min_attempt:
+        return None
+    return min(per_try, remaining)
 
 
 def _check_per_try(per_try: float) -> None:
@@ -573,18 +579,17 @@ async def acall_with_deadline(
 
     Cancellation is not an error to retry: it propagates at once.
     """
-    # The first attempt starts as the planner would start it, without building the planner:
-    # most calls succeed at once and never need one.
-    _check_per_try(per_try)
-    remaining = deadline.remaining()
-    if remaining <= policy.min_attempt:
+    # The first attempt starts as the planner starts one, without building the planner: most
+    # calls succeed at once and never need one.
+    first = _attempt_timeout(policy, deadline, per_try)
+    if first is None:
         planner = RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on)
         _Run(planner, deadline, per_try, on_event).begin()  # raises, with its event
         raise AssertionError("unreachable: no attempt can start")
     if budget is not None:
         budget.record_first_try()
     try:
-        return await fn(min(per_try, remaining))
+        return await fn(first)
     except Exception as error:
         planner = RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on)
         run = _Run(planner, deadline, per_try, on_event)
