@@ -387,17 +387,24 @@ def serve_passthrough(port: int, upstream_url: str) -> None:
 # --------------------------------------------------------------------------- tidegate
 
 
-def tidegate_config(workdir: Path, upstream_port: int) -> Path:
-    """The default pipeline, with limits nobody reaches here, SQLite state and no cache."""
+def tidegate_config(workdir: Path, upstream_port: int, *, slowdown: int = 1) -> Path:
+    """The default pipeline, with limits nobody reaches here, SQLite state and no cache.
+
+    ``slowdown``: how many times slower than usual the requests will run (under callgrind or a
+    trace); the lease window is stretched by as much, so leases cover as many requests as usual.
+    """
 
     def limit() -> dict[str, int]:
         return {"rate_per_s": UNLIMITED, "burst": UNLIMITED}
 
+    state: dict[str, Any] = {"url": f"sqlite:///{workdir / 'state.db'}"}
+    if slowdown != 1:
+        state["leases"] = {"hold_s": 0.25 * slowdown}
     config = {
         "profile": "dev",
         "server": {"host": HOST, "drain_seconds": 1, "request_timeout_s": 30},
         "auth": {"keys_file": "keys.yaml"},
-        "state": {"url": f"sqlite:///{workdir / 'state.db'}"},
+        "state": state,
         "providers": {
             "upstream": {
                 "type": "openai",
@@ -825,11 +832,16 @@ def servers(
                 console.print(line, markup=False)
         raise
     finally:
-        processes.stop_all()
-        if args.keep:
-            console.print(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        clean_up(processes, workdir, keep=args.keep, console=console)
+
+
+def clean_up(processes: Processes, workdir: Path, *, keep: bool, console: Console) -> None:
+    """Stop every process started, then remove the work folder (or say where it was kept)."""
+    processes.stop_all()
+    if keep:
+        console.print(f"kept {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -105,24 +104,26 @@ def count(
         *argv,
     ]
     proc = procs.start(name, command, log=workdir / f"{name}.log", cwd=workdir)
-    give_up = gw.CLOCK.now() + 300.0
-    while True:
-        procs.check_alive()
-        try:
-            status, _, _ = gw.http(url, body=body.decode(), headers=headers)
-            if status == 200:
-                break
-        except OSError:
-            pass
-        if gw.CLOCK.now() > give_up:
-            raise gw.BenchError(f"{name} did not answer under callgrind within 300 s")
-        gw.CLOCK.sleep(0.5)
-    failed = asyncio.run(_send(url, warmup, body, headers))
-    seen: set[Path] = set()
-    _dumped_total(workdir, proc.pid, seen)
-    failed += asyncio.run(_send(url, requests, body, headers))
-    total = _dumped_total(workdir, proc.pid, seen)
-    procs.stop_all()
+    try:  # the target goes when its count is done, or fails (the upstream stays for the next)
+        give_up = gw.CLOCK.now() + 300.0
+        while True:
+            procs.check_alive()
+            try:
+                status, _, _ = gw.http(url, body=body.decode(), headers=headers)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if gw.CLOCK.now() > give_up:
+                raise gw.BenchError(f"{name} did not answer under callgrind within 300 s")
+            gw.CLOCK.sleep(0.5)
+        failed = asyncio.run(_send(url, warmup, body, headers))
+        seen: set[Path] = set()
+        _dumped_total(workdir, proc.pid, seen)
+        failed += asyncio.run(_send(url, requests, body, headers))
+        total = _dumped_total(workdir, proc.pid, seen)
+    finally:
+        procs.stop_all()
     if failed:
         raise gw.BenchError(f"{failed} requests to {name} failed")
     return total / requests
@@ -160,10 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             requests=args.requests,
             procs=gw.Processes(),
         )
-        config = gw.tidegate_config(workdir, upstream_port)
-        settings = yaml.safe_load(config.read_text(encoding="utf-8"))
-        settings["state"]["leases"] = {"hold_s": 0.25 * SLOWDOWN}
-        config.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+        config = gw.tidegate_config(workdir, upstream_port, slowdown=SLOWDOWN)
         launcher = workdir / "launch_tidegate.py"
         launcher.write_text(LAUNCHER.format(slowdown=SLOWDOWN), encoding="utf-8")
         key = gw.write_keys(workdir)
@@ -191,11 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[bold red]benchmark failed:[/] {error}")
         return 1
     finally:
-        processes.stop_all()
-        if args.keep:
-            console.print(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        gw.clean_up(processes, workdir, keep=args.keep, console=console)
     table = Table(title="instructions per request (callgrind), same upstream, same run")
     table.add_column("target")
     table.add_column("instructions / request", justify="right")

@@ -37,7 +37,6 @@ from typing import Any
 
 import orjson
 import uvloop
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -77,14 +76,6 @@ class FixedAnswer:
 
     async def aclose(self) -> None:
         return None
-
-
-def write_config(workdir: Path, slowdown: int) -> Path:
-    path = gw.tidegate_config(workdir, upstream_port=9)  # the port is never used
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config["state"]["leases"] = {"hold_s": 0.25 * slowdown}
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
 
 
 async def _request(app: gateway_app.Gateway, headers: list[tuple[bytes, bytes]]) -> int:
@@ -234,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nowhere = io.TextIOWrapper(open(os.devnull, "wb"))  # noqa: SIM115
     try:
         key = gw.write_keys(workdir)
-        config_path = write_config(workdir, SLOWDOWN)
+        config_path = gw.tidegate_config(workdir, upstream_port=9, slowdown=SLOWDOWN)  # port unused
         with contextlib.redirect_stdout(nowhere):
             counts, cpu_us = uvloop.run(
                 measure(
