@@ -41,9 +41,8 @@ INVISIBLE_CHARACTERS: Final[frozenset[str]] = _invisible()
 
 _STRIP_TABLE: Final[dict[int, None]] = {ord(char): None for char in INVISIBLE_CHARACTERS}
 #: The ASCII ones alone, as bytes: most answers are ASCII without any, and finding that out with
-#: ``bytes.translate`` (a table lookup a byte, in C) is far cheaper than translating the text
-#: character by character, or than a regular expression's character class (several times slower
-#: again on a long answer).
+#: ``bytes.translate`` (a table lookup a byte, in C) is cheaper than translating the text
+#: character by character, or than matching a regular expression's character class.
 _ASCII_INVISIBLE: Final[bytes] = bytes(
     sorted(ord(char) for char in INVISIBLE_CHARACTERS if char.isascii())
 )
