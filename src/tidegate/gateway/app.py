@@ -299,10 +299,10 @@ class Gateway:
         assert rt is not None, "the gateway received a request before start-up finished"
         path: str = scope["path"]
         method: str = scope["method"]
-        if is_admin_path(path):
-            await handle_admin(rt, scope, receive, send)
-        elif method == "POST" and path in POST_ROUTES:
+        if method == "POST" and path in POST_ROUTES:  # first: nearly every request is one
             await self._model_call(rt, POST_ROUTES[path], scope, receive, send)
+        elif is_admin_path(path):
+            await handle_admin(rt, scope, receive, send)
         elif method == "GET" and path in GET_ROUTES:
             await GET_ROUTES[path](self, rt, scope, send)
         elif path in POST_ROUTES or path in GET_ROUTES:
@@ -370,17 +370,18 @@ class Gateway:
         finally:
             rt.in_flight -= 1
             elapsed = rt.clock.now() - started
-            rt.metrics.requests.labels(ex.route, ex.served_model, ex.served_by, ex.outcome).inc()
-            rt.metrics.latency.labels(ex.route, ex.outcome).observe(elapsed)
-            if ex.outcome not in ("ok",) and ex.status >= 400:
-                klass = ex.identity.priority if ex.identity else "-"
-                rt.metrics.refusals.labels(klass, ex.outcome).inc()
+            metrics, identity = rt.metrics, ex.identity
+            metrics.requests.labels(ex.route, ex.served_model, ex.served_by, ex.outcome).inc()
+            metrics.latency.labels(ex.route, ex.outcome).observe(elapsed)
+            if ex.outcome != "ok" and ex.status >= 400:
+                klass = identity.priority if identity else "-"
+                metrics.refusals.labels(klass, ex.outcome).inc()
             self._log_request(
                 {
                     "request_id": ex.request_id,
                     "route": ex.route,
-                    "tenant": ex.identity.tenant if ex.identity else None,
-                    "user": ex.identity.user if ex.identity else None,
+                    "tenant": identity.tenant if identity else None,
+                    "user": identity.user if identity else None,
                     "status": ex.status,
                     "outcome": ex.outcome,
                     "served_by": ex.served_by,

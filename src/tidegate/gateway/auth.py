@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -45,6 +45,16 @@ class Identity:
     priority: str
     data_class: str
     models: frozenset[str]
+    #: The per-user and per-tenant rate-limit bucket keys and the daily budget's subject, made
+    #: once per key rather than once per request.
+    user_bucket: str = field(init=False, repr=False, compare=False)
+    tenant_bucket: str = field(init=False, repr=False, compare=False)
+    budget_subject: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "user_bucket", f"user:{self.tenant}:{self.user}")
+        object.__setattr__(self, "tenant_bucket", f"tenant:{self.tenant}")
+        object.__setattr__(self, "budget_subject", f"{self.tenant}:{self.user}")
 
     def may_use(self, model: str) -> bool:
         return "*" in self.models or model in self.models

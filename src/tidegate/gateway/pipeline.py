@@ -10,11 +10,10 @@ turns their verdicts into HTTP, and makes sure the bookkeeping happens whatever 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import orjson
 import structlog
@@ -52,7 +51,6 @@ from tidegate.policy.routing import (
     describe_attempts,
     next_candidates,
     plan_route,
-    retry_same,
 )
 from tidegate.providers.base import StreamEnd, StreamItem
 from tidegate.state.base import ClaimOutcome, StoredResponse
@@ -76,6 +74,11 @@ IDEMPOTENCY_POLL_S = 0.05
 #: breakers) before they are all forgotten.
 PLANS_REMEMBERED = 1024
 _NO_NAMES: frozenset[str] = frozenset()
+# Enum members read on every request, as module constants: reading one off its class costs a
+# metaclass lookup on Python 3.11.
+_ALLOW: Final = BudgetVerdict.ALLOW
+_BLOCK: Final = BudgetVerdict.BLOCK
+_DEGRADED_MODE: Final = KillSwitchMode.DEGRADED
 DEADLINE_HEADER = "x-tidegate-deadline-ms"
 PRIORITY_HEADER = "x-tidegate-priority"
 
@@ -170,7 +173,8 @@ def validate_chat(body: Mapping[str, Any]) -> None:
 
 def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
     """The request's deadline from config, shortened (never lengthened) by the caller's header."""
-    deadline = Deadline.after(rt.clock, rt.config.server.request_timeout_s)
+    clock = rt.clock  # the configured timeout is validated positive at load
+    deadline = Deadline(clock, clock.now() + rt.config.server.request_timeout_s)
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return deadline
@@ -229,12 +233,12 @@ def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -
 async def apply_rate_limits(rt: Runtime, identity: Identity) -> None:
     options = rt.user_bucket
     if options is not None:
-        result = await rt.take_bucket(f"user:{identity.tenant}:{identity.user}", options)
+        result = await rt.take_bucket(identity.user_bucket, options)
         if not result.allowed:
             raise _rate_limited(options, result, "per-user")
     options = rt.tenant_bucket
     if options is not None:
-        result = await rt.take_bucket(f"tenant:{identity.tenant}", options)
+        result = await rt.take_bucket(identity.tenant_bucket, options)
         if not result.allowed:
             raise _rate_limited(options, result, "per-tenant")
 
@@ -262,26 +266,29 @@ async def reserve_budget(
     prompt = estimate_prompt_tokens(body)
     model = rt.provider_configs[rt.routes[alias].specs[0].name].model
     estimate = Cost(calls=1, tokens=prompt + max_tokens, cost=price(rt, model, prompt, max_tokens))
-    subject = f"{identity.tenant}:{identity.user}"
+    subject = identity.budget_subject
     try:
         reservation, decision = await rt.stores.quotas.reserve(subject, rt.budget, estimate)
     except StoreError:
         rt.metrics.store_errors.labels("quotas", "fail_closed").inc()
         raise
-    if decision.verdict is BudgetVerdict.BLOCK:
+    verdict = decision.verdict
+    if verdict is _ALLOW:
+        return reservation, alias
+    if verdict is _BLOCK:
         dimension = decision.reason.value if decision.reason is not None else "calls"
         rt.metrics.budget_denials.labels(dimension).inc()
         retry_after = decision.retry_after if decision.retry_after != float("inf") else None
         raise BudgetExceeded(
             f"the daily {dimension} budget is spent", policy="budget", retry_after=retry_after
         )
-    if decision.verdict is BudgetVerdict.DEGRADE:
-        rt.metrics.budget_degraded.inc()
-        ex.budget = "degraded"
-        if budgets.degrade.max_tokens is not None:
-            body["max_tokens"] = min(max_tokens, budgets.degrade.max_tokens)
-        if budgets.degrade.model is not None:
-            alias = budgets.degrade.model
+    # The one verdict left: degrade (a cheaper model or fewer tokens, as configured).
+    rt.metrics.budget_degraded.inc()
+    ex.budget = "degraded"
+    if budgets.degrade.max_tokens is not None:
+        body["max_tokens"] = min(max_tokens, budgets.degrade.max_tokens)
+    if budgets.degrade.model is not None:
+        alias = budgets.degrade.model
     return reservation, alias
 
 
@@ -333,14 +340,20 @@ def no_candidates(rt: Runtime, plan: RoutePlan, identity: Identity) -> Exception
     return Forbidden(f"no provider on this route may receive data class {identity.data_class!r}")
 
 
-def _on_retry_event(rt: Runtime, provider: str) -> Any:
-    def handle(event: RetryEvent) -> None:
+def _on_retry_event(rt: Runtime, provider: str) -> Callable[[RetryEvent], None]:
+    """The retry planner's event handler for ``provider``: made once per runtime."""
+    handle = rt.retry_events.get(provider)
+    if handle is not None:
+        return handle
+
+    def handle_event(event: RetryEvent) -> None:
         if isinstance(event, RetryScheduled):
             rt.metrics.retries.labels(provider).inc()
         elif isinstance(event, RetryBudgetDenied):
             rt.metrics.retry_budget_denials.inc()
 
-    return handle
+    rt.retry_events[provider] = handle_event
+    return handle_event
 
 
 def _record_failure(rt: Runtime, ex: Exchange, spec: ProviderSpec, error: ProviderError) -> None:
@@ -367,7 +380,7 @@ async def _failover(
     """
     queue = [only] if only is not None else list(plan.candidates)
     last: ProviderError | None = None
-    retry_on = functools.partial(retry_same, options=rt.failover)
+    retry_on = rt.retry_on()
     while queue:
         spec = queue.pop(0)
         try:
@@ -841,7 +854,7 @@ async def chat_completions(
             request_id=ex.request_id, klass=klass, tenant=identity.tenant, deadline=deadline
         )
         try:
-            if mode is KillSwitchMode.DEGRADED:
+            if mode is _DEGRADED_MODE:
                 raise Unavailable(
                     "models are switched off (answer.mode=degraded)",
                     policy="flags",
@@ -1019,10 +1032,13 @@ async def _lead(
             content = message["content"] = clean(content)
             text_chars += len(content)
     ex.served_by, ex.served_model = spec.name, served_model
-    choice = (answer.get("choices") or [{}])[0]
-    ex.validation_failed = validation_failed(
-        body, choice.get("finish_reason"), str((choice.get("message") or {}).get("content") or "")
-    )
+    if ex.route in rt.canaries:  # judged for the canary gate only
+        choice = (answer.get("choices") or [{}])[0]
+        ex.validation_failed = validation_failed(
+            body,
+            choice.get("finish_reason"),
+            str((choice.get("message") or {}).get("content") or ""),
+        )
     ex.usage = _usage_of(answer, body, text_chars)
     answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
     ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])

@@ -7,6 +7,7 @@ object from :mod:`tidegate.policy` that this module constructs from the config.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import aiohttp
 import structlog
 
 from tidegate.clock import Clock, SystemClock
-from tidegate.errors import ConfigError, DeadlineExceeded, StoreError
+from tidegate.errors import ConfigError, DeadlineExceeded, ProviderError, StoreError
 from tidegate.gateway.auth import Identity, KeyRing
 from tidegate.gateway.canary import Canary, canary_flag_specs
 from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
@@ -44,7 +45,7 @@ from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
-from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan
+from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan, retry_same
 from tidegate.providers.base import Provider
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores, store_from_urls
@@ -205,6 +206,19 @@ class Runtime:
     _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
     #: Route plans by what decides them (see ``pipeline.plan_for``).
     plans: dict[tuple[Any, ...], tuple[Route, RoutePlan]] = field(default_factory=dict, repr=False)
+    #: Per-provider handlers of the retry planner's events (see ``pipeline._failover``).
+    retry_events: dict[str, Callable[[Any], None]] = field(default_factory=dict, repr=False)
+    _retry_on_memo: tuple[FailoverOptions, Callable[[ProviderError], bool]] | None = field(
+        default=None, repr=False
+    )
+
+    def retry_on(self) -> Callable[[ProviderError], bool]:
+        """The routing rule the retry planner asks (``retry_same`` with :attr:`failover`)."""
+        memo = self._retry_on_memo
+        if memo is None or memo[0] is not self.failover:
+            rule = functools.partial(retry_same, options=self.failover)
+            memo = self._retry_on_memo = (self.failover, rule)
+        return memo[1]
 
     def approved_fallbacks(self) -> frozenset[str]:
         """Providers approved as automatic fallbacks, less those the eval gate blocks.

@@ -84,6 +84,10 @@ class KillSwitchMode(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+_MODES: Final = {mode.value: mode for mode in KillSwitchMode}
+_REAL: Final = (int, float)
+
+
 @dataclass(frozen=True, slots=True)
 class FlagSpec:
     """What a flag is: its name, type, default and meaning, and for ``str`` flags the choices.
@@ -339,13 +343,11 @@ def check_answering(flags: FlagSet, retry_after: float = 30.0) -> KillSwitchMode
 
     ``retry_after`` (seconds) is the hint the 503 carries: how soon it is worth asking again.
     """
-    if (
-        not isinstance(retry_after, int | float)
-        or not math.isfinite(retry_after)
-        or retry_after < 0
-    ):
+    if not isinstance(retry_after, _REAL) or not math.isfinite(retry_after) or retry_after < 0:
         raise ValueError(f"retry_after must be a finite number >= 0, got {retry_after!r}")
-    mode = KillSwitchMode(flags.get_str(ANSWER_MODE))
+    value = flags.get_str(ANSWER_MODE)
+    # Asked on every request: a dictionary lookup, not the enum's call (which raises as before).
+    mode = _MODES.get(value) or KillSwitchMode(value)
     if mode is KillSwitchMode.UNAVAILABLE:
         raise Unavailable(
             f"answering is switched off ({ANSWER_MODE}={mode.value})",
