@@ -115,6 +115,12 @@ class _Watch:
             self.task.cancel()
 
 
+async def _send_last(send: Send, message: MutableMapping[str, Any], watch: _Watch) -> None:
+    """Send the response's last message; from then on a disconnect is the exchange's end."""
+    await send(message)
+    watch.responded = True
+
+
 class DisconnectWatches:
     """The requests in flight, and a timer that gives each a watcher once it has run a while.
 
@@ -390,9 +396,13 @@ class Gateway:
                     "cache": ex.cache or None,
                     "prompt_tokens": ex.usage.get("prompt_tokens"),
                     "completion_tokens": ex.usage.get("completion_tokens"),
-                    "cost_usd": round(ex.cost, 8),
-                    "ttft_s": None if ex.first_token_s is None else round(ex.first_token_s, 4),
-                    "duration_s": round(elapsed, 4),
+                    # Rounded half up by integer arithmetic (none of these is ever negative):
+                    # round(x, n) writes the float out in decimal and parses it back.
+                    "cost_usd": int(ex.cost * 1e8 + 0.5) / 1e8,
+                    "ttft_s": None
+                    if ex.first_token_s is None
+                    else int(ex.first_token_s * 1e4 + 0.5) / 1e4,
+                    "duration_s": int(elapsed * 1e4 + 0.5) / 1e4,
                 }
             )
 
@@ -420,10 +430,10 @@ class Gateway:
         ex.task = this
         watch = _Watch(this, ex, receive, loop.time())
 
-        async def tracked_send(message: MutableMapping[str, Any]) -> None:
-            await send(message)
+        def tracked_send(message: MutableMapping[str, Any]) -> Awaitable[None]:
             if message["type"] == "http.response.body" and not message.get("more_body"):
-                watch.responded = True
+                return _send_last(send, message, watch)
+            return send(message)
 
         self._watches.add(watch)
         try:

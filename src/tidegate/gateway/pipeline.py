@@ -10,6 +10,7 @@ turns their verdicts into HTTP, and makes sure the bookkeeping happens whatever 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -233,12 +234,20 @@ def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -
 async def apply_rate_limits(rt: Runtime, identity: Identity) -> None:
     options = rt.user_bucket
     if options is not None:
-        result = await rt.take_bucket(identity.user_bucket, options)
+        key = identity.user_bucket
+        try:
+            result = await rt.stores.buckets.take(key, options)
+        except StoreError as exc:
+            result = await rt.take_failing_open(key, options, exc)
         if not result.allowed:
             raise _rate_limited(options, result, "per-user")
     options = rt.tenant_bucket
     if options is not None:
-        result = await rt.take_bucket(identity.tenant_bucket, options)
+        key = identity.tenant_bucket
+        try:
+            result = await rt.stores.buckets.take(key, options)
+        except StoreError as exc:
+            result = await rt.take_failing_open(key, options, exc)
         if not result.allowed:
             raise _rate_limited(options, result, "per-tenant")
 
@@ -468,6 +477,43 @@ def _failed(
     permit.release() if error.kind in NOT_EVIDENCE else permit.failure()
 
 
+class _Completion:
+    """The non-streaming attempts of one request on one provider: the retry planner calls it
+    with each attempt's time limit (an object, cheaper than a pair of closures per request)."""
+
+    __slots__ = ("breaker", "ex", "provider", "rt", "spec", "upstream")
+
+    def __init__(self, rt: Runtime, ex: Exchange, body: dict[str, Any], spec: ProviderSpec) -> None:
+        self.rt = rt
+        self.ex = ex
+        self.spec = spec
+        self.provider = rt.providers[spec.name]
+        self.breaker = rt.breakers[spec.name]
+        self.upstream = {**body, "model": rt.provider_configs[spec.name].model}
+
+    async def __call__(self, limit: float) -> tuple[ProviderSpec, dict[str, Any]]:
+        rt, spec = self.rt, self.spec
+        permit = self.breaker.acquire(deadline_at=rt.clock.now() + limit)
+        try:
+            if rt.tracing.enabled:
+                with rt.tracing.span("tidegate.attempt", **{"tidegate.provider": spec.name}):
+                    answer: dict[str, Any] = await self.provider.complete(
+                        self.upstream, timeout=limit
+                    )
+            else:
+                answer = await self.provider.complete(self.upstream, timeout=limit)
+        except ProviderError as error:
+            _failed(rt, self.ex, spec, permit, error)
+            raise
+        except BaseException:
+            permit.release()
+            raise
+        permit.success()
+        self.ex.tried.append((spec.name, None))
+        rt.metrics.attempts.labels(spec.name, "ok").inc()
+        return spec, answer
+
+
 async def call_route(
     rt: Runtime,
     ex: Exchange,
@@ -477,37 +523,9 @@ async def call_route(
     plan: RoutePlan,
 ) -> tuple[ProviderSpec, dict[str, Any]]:
     """One non-streaming answer: retries on a provider, then failover down the plan."""
-
-    def attempt_on(
-        spec: ProviderSpec,
-    ) -> Callable[[float], Awaitable[tuple[ProviderSpec, dict[str, Any]]]]:
-        provider = rt.providers[spec.name]
-        breaker = rt.breakers[spec.name]
-        upstream = {**body, "model": rt.provider_configs[spec.name].model}
-        tracing = rt.tracing
-
-        async def attempt(limit: float) -> tuple[ProviderSpec, dict[str, Any]]:
-            permit = breaker.acquire(deadline_at=rt.clock.now() + limit)
-            try:
-                if tracing.enabled:
-                    with tracing.span("tidegate.attempt", **{"tidegate.provider": spec.name}):
-                        answer: dict[str, Any] = await provider.complete(upstream, timeout=limit)
-                else:
-                    answer = await provider.complete(upstream, timeout=limit)
-            except ProviderError as error:
-                _failed(rt, ex, spec, permit, error)
-                raise
-            except BaseException:
-                permit.release()
-                raise
-            permit.success()
-            ex.tried.append((spec.name, None))
-            rt.metrics.attempts.labels(spec.name, "ok").inc()
-            return spec, answer
-
-        return attempt
-
-    return await _failover(rt, ex, route, deadline, plan, attempt_on)
+    return await _failover(
+        rt, ex, route, deadline, plan, functools.partial(_Completion, rt, ex, body)
+    )
 
 
 @dataclass
@@ -717,8 +735,8 @@ def _record_canary(rt: Runtime, ex: Exchange, started: float) -> None:
     )
 
 
-async def settle_shielded(settle: Settlement, ex: Exchange) -> None:
-    """Run the settlement so that no cancellation can cut it short.
+def settle_shielded(settle: Settlement, ex: Exchange) -> Awaitable[None]:
+    """The settlement, to await: it runs so that no cancellation can cut it short.
 
     Normally it runs inline (a task per request would cost more than the settlement); the
     disconnect watcher leaves a settling request alone. When a cancellation is already under way
@@ -727,9 +745,8 @@ async def settle_shielded(settle: Settlement, ex: Exchange) -> None:
     ex.settling = True
     task = ex.task or asyncio.current_task()
     if task is not None and task.cancelling():
-        await asyncio.shield(settle.run())
-    else:
-        await settle.run()
+        return asyncio.shield(settle.run())
+    return settle.run()
 
 
 async def _claim_idempotency(
@@ -928,7 +945,8 @@ async def _answer_json(
     ex.status = 200
     # Recorded before it is sent: a replica that dies between the two then leaves a key that
     # replays this answer, not one stuck "in progress" whose answer the caller already holds.
-    await settle.complete_idempotency()
+    if settle.stored is not None:
+        await settle.complete_idempotency()
     await send_bytes(send, 200, payload, headers)
 
 

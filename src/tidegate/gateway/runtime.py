@@ -262,13 +262,14 @@ class Runtime:
             bucket = self.local_buckets[options] = TokenBucket(options, self.clock)
         return bucket.take(key)
 
-    async def take_bucket(self, key: str, options: BucketOptions) -> TakeResult:
-        try:
-            return await self.stores.buckets.take(key, options)
-        except StoreError as exc:
-            self.metrics.store_errors.labels("buckets", "fail_open").inc()
-            log.warning("store_unavailable", store="buckets", action="fail_open", error=str(exc))
-            return await self.take_local(key, options)
+    async def take_failing_open(
+        self, key: str, options: BucketOptions, exc: StoreError
+    ) -> TakeResult:
+        """The take the bucket store could not make (``exc``), counted, logged and made in
+        this process instead: a rate limit fails open."""
+        self.metrics.store_errors.labels("buckets", "fail_open").inc()
+        log.warning("store_unavailable", store="buckets", action="fail_open", error=str(exc))
+        return await self.take_local(key, options)
 
     def identity_class(self, identity: Identity, requested: str | None) -> str:
         """The admission class: the key's, lowered (never raised) by an ``X-Tidegate-Priority``."""
