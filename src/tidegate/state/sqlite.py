@@ -78,9 +78,9 @@ class _CurrentTask:
 
     ``asyncio.current_task()`` first finds the running loop, which costs a ``getpid`` system call
     (the check that no fork happened); two batches a request made that show. The loop found last
-    is remembered with its thread: while the caller is on that thread and the loop is running,
-    it is the running loop (a thread runs one loop at a time), and the task is read from it
-    directly.
+    is remembered with its thread. On that thread, a task current in that loop is the task
+    running now: a task runs on its loop's thread, and a thread runs one loop at a time. Any
+    other case (no task current there: a callback, no loop, another loop) looks the loop up.
     """
 
     __slots__ = ("_loop", "_thread")
@@ -90,9 +90,10 @@ class _CurrentTask:
         self._thread = 0  # no thread's id: the first call looks the loop up
 
     def __call__(self) -> asyncio.Task[Any] | None:
-        loop = self._loop
-        if self._thread == get_ident() and loop is not None and loop.is_running():
-            return current_task(loop)
+        if self._thread == get_ident():
+            task = current_task(self._loop)
+            if task is not None:
+                return task
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no running loop: a synchronous caller
