@@ -165,7 +165,9 @@ class _Leased(Generic[S]):
         hold_s: float = LEASE_HOLD_S,
     ) -> None:
         self.store: S = store
-        self._clock = clock
+        #: The clock's readings, bound once (every request reads them).
+        self._now = clock.now
+        self._wall = clock.wall
         self._max_chunk = max_chunk
         self._hold_s = hold_s
         self._start()
@@ -205,7 +207,7 @@ class LeasedBuckets(_Leased[BucketStore]):
         self._answers = _Answers()
 
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
-        now = self._clock.now()
+        now = self._now()
         lease = self._leases.get(key)
         if (
             lease is not None
@@ -259,16 +261,6 @@ class _BudgetLease:
     open: int = 0
     #: No new draws; closes once ``open`` is 0.
     retired: bool = False
-
-    def covers(self, estimate: Cost) -> bool:
-        """Whether the part not yet handed out (the amount less what is held and used) fits."""
-        reservation = self.reservation  # self.amount(), without the call
-        amount = reservation.amount if reservation is not None else _NOTHING
-        return (
-            estimate.calls <= amount.calls - self.held_calls - self.used_calls
-            and estimate.tokens <= amount.tokens - self.held_tokens - self.used_tokens
-            and estimate.cost <= amount.cost - self.held_cost - self.used_cost
-        )
 
     def draw(self, subject: str, estimate: Cost) -> Reservation:
         """A reservation of ``estimate`` for one request, held by the lease."""
@@ -326,14 +318,14 @@ class LeasedQuotas(_Leased[QuotaStore]):
         #: The lease each subject draws from now.
         self._current: dict[str, _BudgetLease] = {}
         #: The open reservations drawn from leases, by id: their lease and their own amount.
-        self._drawn: dict[str, tuple[_BudgetLease, Reservation]] = {}
+        self._drawn: dict[str, tuple[_BudgetLease, Cost]] = {}
         #: Retired leases with requests still open, by subject.
         self._retired: dict[str, list[_BudgetLease]] = {}
 
     async def reserve(
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
-        now = self._clock.now()
+        now = self._now()
         demand = self._demand.get(subject)
         if demand is not None and now < demand.window_end:
             demand.count += 1  # a known subject within its window: what _seen would do
@@ -341,14 +333,23 @@ class LeasedQuotas(_Leased[QuotaStore]):
             demand = self._seen(self._demand, subject, now, _Demand)
         lease = self._current.get(subject)
         if lease is not None:
+            amount = lease.reservation.amount if lease.reservation is not None else _NOTHING
             if (
                 now < lease.expires
                 and lease.options is options
-                and lease.day == day_number(self._clock.wall())
-                and lease.covers(estimate)
+                and lease.day == day_number(self._wall())
+                # The part not yet handed out (the amount less what is held and used) fits.
+                and estimate.calls <= amount.calls - lease.held_calls - lease.used_calls
+                and estimate.tokens <= amount.tokens - lease.held_tokens - lease.used_tokens
+                and estimate.cost <= amount.cost - lease.held_cost - lease.used_cost
             ):
-                own = lease.draw(subject, estimate)
-                self._drawn[own.id] = (lease, own)
+                # lease.draw(subject, estimate), inline: most requests are drawn here.
+                lease.held_calls += estimate.calls
+                lease.held_tokens += estimate.tokens
+                lease.held_cost += estimate.cost
+                lease.open += 1
+                own = Reservation(id=new_id(), subject=subject, day=lease.day, amount=estimate)
+                self._drawn[own.id] = (lease, estimate)
                 return own, _ALLOWED
             await self._retire(subject, lease)
         chunk = _quota_share(options, estimate, demand.chunk(self._max_chunk))
@@ -366,7 +367,7 @@ class LeasedQuotas(_Leased[QuotaStore]):
                 previous = self._current.get(subject)
                 self._current[subject] = lease
                 own = lease.draw(subject, estimate)
-                self._drawn[own.id] = (lease, own)
+                self._drawn[own.id] = (lease, estimate)
                 if previous is not None:
                     await self._retire(subject, previous)
                 return own, _ALLOWED
@@ -392,8 +393,15 @@ class LeasedQuotas(_Leased[QuotaStore]):
         drawn = self._drawn.pop(reservation.id, None)
         if drawn is None:
             return await self.store.settle(reservation, actual)
-        lease, own = drawn
-        lease.give_back(own.amount, actual)
+        lease, amount = drawn
+        # lease.give_back(amount, actual), inline: every request drawn from a lease settles here.
+        lease.open -= 1
+        lease.held_calls -= amount.calls
+        lease.held_tokens -= amount.tokens
+        lease.held_cost -= amount.cost
+        lease.used_calls += actual.calls
+        lease.used_tokens += actual.tokens
+        lease.used_cost += actual.cost
         if lease.retired:  # a lease still drawn from stays open
             await self._close_if_done(reservation.subject, lease)
         return True
@@ -402,8 +410,8 @@ class LeasedQuotas(_Leased[QuotaStore]):
         drawn = self._drawn.pop(reservation.id, None)
         if drawn is None:
             return await self.store.refund(reservation)
-        lease, own = drawn
-        lease.give_back(own.amount, None)
+        lease, amount = drawn
+        lease.give_back(amount, None)
         await self._close_if_done(reservation.subject, lease)
         return True
 
@@ -431,7 +439,7 @@ class LeasedQuotas(_Leased[QuotaStore]):
     async def expire(self) -> None:
         """Retire the leases whose time is up (settling those with no request open): run it
         every ``hold_s`` or so, so that the store learns of the use of a subject gone quiet."""
-        now = self._clock.now()
+        now = self._now()
         for subject, lease in list(self._current.items()):
             if now >= lease.expires and self._current.get(subject) is lease:
                 await self._retire(subject, lease)
@@ -460,7 +468,7 @@ class LeasedQuotas(_Leased[QuotaStore]):
             await self._settle_lease(subject, lease)
             return
         self._retired.setdefault(subject, []).append(lease)
-        if lease.day != day_number(self._clock.wall()) or lease.reservation is None:
+        if lease.day != day_number(self._wall()) or lease.reservation is None:
             return  # a past day's reservation no longer counts against anything
         reservation, used = lease.reservation, lease.used()
         await self.store.settle(reservation, used)
