@@ -734,3 +734,36 @@ async def test_a_budget_lease_holds_at_most_a_twentieth_of_each_quota() -> None:
     leases = [amount for amount in counting.reserved if amount.calls > 1]
     assert leases
     assert max(amount.tokens for amount in leases) == 1_000  # 20,000 / 20
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("n", [1.0, 0.75, 2.5])
+async def test_a_take_drawn_from_a_lease_answers_what_is_left_in_it(n: float) -> None:
+    """A take answered from a lease is allowed and tells what the lease still holds: its size
+    less every take drawn from it so far, token by token, as the store would say of a bucket of
+    that many tokens."""
+    clock = ManualClock()
+    options = BucketOptions(rate=1_000.0, burst=10_000.0)
+    sizes: list[float] = []
+
+    class Sizes(CountingBuckets):
+        async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
+            sizes.append(n)
+            return await super().take(key, options, n)
+
+    counting = Sizes(MemoryBucketStore(clock))
+    leased = LeasedBuckets(counting, clock)
+    left: float | None = None
+    drawn = 0
+    for _ in range(2_000):
+        clock.advance(0.0005)
+        calls = counting.takes
+        result = await leased.take("k", options, n)
+        if counting.takes > calls:  # the store answered; a lease of more than n leaves the rest
+            left = sizes[-1] - n if sizes[-1] > n else None
+            continue
+        assert left is not None
+        left -= n
+        drawn += 1
+        assert result == TakeResult(allowed=True, remaining=left, retry_after=0.0, reset_after=0.0)
+    assert drawn > 1_000

@@ -445,3 +445,60 @@ def test_a_round_left_open_by_a_loop_that_ended_is_committed_by_the_next(tmp_pat
     assert not _open(db)
     assert _bucket_rows(tmp_path / "s.db") == 1
     db.close()
+
+
+def test_batches_find_their_task_under_each_loop_and_without_one(tmp_path: Path) -> None:
+    """The batch owner check follows the running loop: a batch run under a second loop (the
+    first one gone) and a batch with no loop at all run their statements; a task that is not
+    the batch's own is still refused under the second loop."""
+    import asyncio
+
+    db = SQLiteDatabase(tmp_path / "s.db")
+
+    def select_one() -> int:
+        return int(db.run(lambda conn: conn.execute("SELECT 1").fetchone()[0]))
+
+    async def inside_a_batch() -> int:
+        with db.batch():
+            return select_one()
+
+    async def intruded() -> None:
+        async def intruder() -> None:
+            select_one()
+
+        with db.batch(), pytest.raises(RuntimeError, match="another task"):
+            await asyncio.get_running_loop().create_task(intruder())
+
+    assert asyncio.run(inside_a_batch()) == 1
+    assert asyncio.run(inside_a_batch()) == 1  # another loop on this thread
+    asyncio.run(intruded())
+    with db.batch():  # no loop: a synchronous caller
+        assert select_one() == 1
+    assert not _open(db)
+    db.close()
+
+
+@pytest.mark.asyncio
+async def test_a_joined_batch_leaves_the_outer_one_open(tmp_path: Path) -> None:
+    """A batch inside a batch joins it: leaving the inner one neither ends nor commits the outer
+    one, whose statements still run in it."""
+    from tidegate.policy.ratelimit import BucketOptions
+    from tidegate.state.sqlite import SQLiteBucketStore
+
+    db = SQLiteDatabase(tmp_path / "s.db")
+    buckets = SQLiteBucketStore(db, ManualClock())
+    options = BucketOptions(rate=1.0, burst=5)
+
+    def in_a_batch() -> bool:
+        return db._open_batch is not None
+
+    with db.batch():
+        with db.batch():
+            assert (await buckets.take("a", options)).allowed
+        assert in_a_batch()
+        assert (await buckets.take("b", options)).allowed
+    assert not in_a_batch()
+    assert _open(db)
+    await db.committed()
+    assert _bucket_rows(tmp_path / "s.db") == 2
+    db.close()

@@ -96,6 +96,34 @@ async def test_a_split_keeps_durable_state_apart_from_fast_state(tmp_path: Path)
 
 
 @pytest.mark.asyncio
+async def test_batches_group_the_fast_backends_calls(tmp_path: Path) -> None:
+    """batch() and committed() are the fast backend's: on SQLite a batch's writes wait for the
+    round's commit; with a memory fast store they change nothing, also when the durable store is
+    SQLite."""
+    stores = await store_from_url(f"sqlite:///{tmp_path}/s.db", clock=ManualClock())
+    buckets = stores.buckets
+    assert isinstance(buckets, SQLiteBucketStore)
+
+    def open_round() -> bool:
+        return buckets._db._conn.in_transaction
+
+    with stores.batch():
+        assert (await buckets.take("k", BUCKET)).allowed
+    assert open_round()  # committed with the round, not yet
+    await stores.committed()
+    assert not open_round()
+    await stores.aclose()
+
+    split = await store_from_urls(
+        durable=f"sqlite:///{tmp_path}/t.db", fast="memory://", clock=ManualClock()
+    )
+    with split.batch():
+        assert (await split.buckets.take("k", BUCKET)).allowed
+    await split.committed()  # nothing to wait for
+    await split.aclose()
+
+
+@pytest.mark.asyncio
 async def test_redis_url_uses_redis_for_everything(stack: AsyncExitStack) -> None:
     """redis:// puts every store in Redis, deciding time on the server's clock by default."""
     url, prefix = await redis_prefix(stack)

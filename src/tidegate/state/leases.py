@@ -112,13 +112,41 @@ class _Demand:
 
 
 class _TokenLease(_Demand):
-    __slots__ = ("expires", "options", "tokens")
+    __slots__ = ("expires", "options", "tokens", "until")
 
     def __init__(self, now: float, hold_s: float) -> None:
         super().__init__(now, hold_s)
         self.tokens = 0.0
         self.expires = now
         self.options: BucketOptions | None = None
+        #: ``min(window_end, expires)``: before it, the demand window and the lease both hold.
+        self.until = min(self.window_end, now)
+
+    def seen(self, now: float, hold_s: float) -> None:
+        super().seen(now, hold_s)
+        self.until = min(self.window_end, self.expires)
+
+    def lease(self, tokens: float, expires: float, options: BucketOptions) -> None:
+        """Hold ``tokens`` until ``expires``, for takes with ``options``."""
+        self.tokens = tokens
+        self.expires = expires
+        self.options = options
+        self.until = min(self.window_end, expires)
+
+
+class _Answers(dict[float, TakeResult]):
+    """The answers of takes drawn from a lease, by the tokens left in it (all they differ in):
+    one frozen result shared by every take that leaves the same amount."""
+
+    __slots__ = ()
+
+    def __missing__(self, remaining: float) -> TakeResult:
+        if len(self) >= MAX_KEYS:
+            self.clear()
+        answer = self[remaining] = TakeResult(
+            allowed=True, remaining=remaining, retry_after=0.0, reset_after=0.0
+        )
+        return answer
 
 
 S = TypeVar("S")
@@ -137,7 +165,9 @@ class _Leased(Generic[S]):
         hold_s: float = LEASE_HOLD_S,
     ) -> None:
         self.store: S = store
-        self._clock = clock
+        #: The clock's readings, bound once (every request reads them).
+        self._now = clock.now
+        self._wall = clock.wall
         self._max_chunk = max_chunk
         self._hold_s = hold_s
         self._start()
@@ -151,6 +181,8 @@ class _Leased(Generic[S]):
 
         Past :data:`MAX_KEYS` records, those whose window ended over ``hold_s`` ago are
         forgotten (all of them if that is not enough): a key's next request starts it afresh.
+        :meth:`LeasedQuotas.reserve` counts a known key within its window itself (the usual
+        case, the first branch here), as :meth:`LeasedBuckets.take` does on its fast path.
         """
         record = table.get(key)
         if record is not None and now < record.window_end:
@@ -172,9 +204,22 @@ class LeasedBuckets(_Leased[BucketStore]):
 
     def _start(self) -> None:
         self._leases: dict[str, _TokenLease] = {}
+        self._answers = _Answers()
 
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
-        now = self._clock.now()
+        now = self._now()
+        lease = self._leases.get(key)
+        if (
+            lease is not None
+            and now < lease.until
+            and lease.tokens >= n
+            and lease.options is options
+        ):
+            # The usual case, as the general path below decides it: a known key within its
+            # demand window (``_seen`` counts the take) drawing from a live lease.
+            lease.count += 1
+            remaining = lease.tokens = lease.tokens - n
+            return self._answers[remaining]
         lease = self._seen(self._leases, key, now, _TokenLease)
         if (
             lease.tokens >= n
@@ -182,17 +227,13 @@ class LeasedBuckets(_Leased[BucketStore]):
             and (lease.options is options or lease.options == options)
         ):
             lease.tokens -= n
-            return TakeResult(
-                allowed=True, remaining=lease.tokens, retry_after=0.0, reset_after=0.0
-            )
+            return self._answers[lease.tokens]
         lease.tokens = 0.0
         chunk = float(min(lease.chunk(self._max_chunk), math.floor(options.burst / BURST_SHARE)))
         if chunk >= 2 and chunk > n and now >= lease.try_after:
             result = await self.store.take(key, options, chunk)
             if result.allowed:
-                lease.tokens = chunk - n
-                lease.expires = now + self._hold_s
-                lease.options = options
+                lease.lease(chunk - n, now + self._hold_s, options)
                 return result
             # Too few tokens for a lease: single tokens until the next window.
             lease.try_after = now + self._hold_s
@@ -221,20 +262,13 @@ class _BudgetLease:
     #: No new draws; closes once ``open`` is 0.
     retired: bool = False
 
-    def covers(self, estimate: Cost) -> bool:
-        """Whether the part not yet handed out (the amount less what is held and used) fits."""
-        amount = self.amount()
-        return (
-            estimate.calls <= amount.calls - self.held_calls - self.used_calls
-            and estimate.tokens <= amount.tokens - self.held_tokens - self.used_tokens
-            and estimate.cost <= amount.cost - self.held_cost - self.used_cost
-        )
-
-    def draw(self, estimate: Cost) -> None:
+    def draw(self, subject: str, estimate: Cost) -> Reservation:
+        """A reservation of ``estimate`` for one request, held by the lease."""
         self.held_calls += estimate.calls
         self.held_tokens += estimate.tokens
         self.held_cost += estimate.cost
         self.open += 1
+        return Reservation(id=new_id(), subject=subject, day=self.day, amount=estimate)
 
     def give_back(self, estimate: Cost, used: Cost | None) -> None:
         """A drawn request ended: its estimate is released, ``used`` (if served) is spent."""
@@ -276,14 +310,6 @@ def _quota_share(options: BudgetOptions, estimate: Cost, most: int) -> int:
     return share
 
 
-def _exceeds(actual: Cost, estimate: Cost) -> bool:
-    return (
-        actual.calls > estimate.calls
-        or actual.tokens > estimate.tokens
-        or actual.cost > estimate.cost
-    )
-
-
 class LeasedQuotas(_Leased[QuotaStore]):
     """A :class:`~tidegate.state.base.QuotaStore` that reserves budget from ``store`` in leases."""
 
@@ -292,24 +318,39 @@ class LeasedQuotas(_Leased[QuotaStore]):
         #: The lease each subject draws from now.
         self._current: dict[str, _BudgetLease] = {}
         #: The open reservations drawn from leases, by id: their lease and their own amount.
-        self._drawn: dict[str, tuple[_BudgetLease, Reservation]] = {}
+        self._drawn: dict[str, tuple[_BudgetLease, Cost]] = {}
         #: Retired leases with requests still open, by subject.
         self._retired: dict[str, list[_BudgetLease]] = {}
 
     async def reserve(
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
-        now = self._clock.now()
-        demand = self._seen(self._demand, subject, now, _Demand)
+        now = self._now()
+        demand = self._demand.get(subject)
+        if demand is not None and now < demand.window_end:
+            demand.count += 1  # a known subject within its window: what _seen would do
+        else:
+            demand = self._seen(self._demand, subject, now, _Demand)
         lease = self._current.get(subject)
         if lease is not None:
+            amount = lease.reservation.amount if lease.reservation is not None else _NOTHING
             if (
                 now < lease.expires
                 and lease.options is options
-                and lease.day == day_number(self._clock.wall())
-                and lease.covers(estimate)
+                and lease.day == day_number(self._wall())
+                # The part not yet handed out (the amount less what is held and used) fits.
+                and estimate.calls <= amount.calls - lease.held_calls - lease.used_calls
+                and estimate.tokens <= amount.tokens - lease.held_tokens - lease.used_tokens
+                and estimate.cost <= amount.cost - lease.held_cost - lease.used_cost
             ):
-                return self._draw(lease, subject, estimate), _ALLOWED
+                # lease.draw(subject, estimate), inline: most requests are drawn here.
+                lease.held_calls += estimate.calls
+                lease.held_tokens += estimate.tokens
+                lease.held_cost += estimate.cost
+                lease.open += 1
+                own = Reservation(id=new_id(), subject=subject, day=lease.day, amount=estimate)
+                self._drawn[own.id] = (lease, estimate)
+                return own, _ALLOWED
             await self._retire(subject, lease)
         chunk = _quota_share(options, estimate, demand.chunk(self._max_chunk))
         if chunk >= 2 and now >= demand.try_after:
@@ -325,7 +366,8 @@ class LeasedQuotas(_Leased[QuotaStore]):
                 # call yields on a networked store): that one takes no more draws.
                 previous = self._current.get(subject)
                 self._current[subject] = lease
-                own = self._draw(lease, subject, estimate)
+                own = lease.draw(subject, estimate)
+                self._drawn[own.id] = (lease, estimate)
                 if previous is not None:
                     await self._retire(subject, previous)
                 return own, _ALLOWED
@@ -335,14 +377,13 @@ class LeasedQuotas(_Leased[QuotaStore]):
             demand.try_after = now + self._hold_s
         return await self.store.reserve(subject, options, estimate)
 
-    def _draw(self, lease: _BudgetLease, subject: str, estimate: Cost) -> Reservation:
-        lease.draw(estimate)
-        own = Reservation(id=new_id(), subject=subject, day=lease.day, amount=estimate)
-        self._drawn[own.id] = (lease, own)
-        return own
-
     async def settle(self, reservation: Reservation, actual: Cost) -> bool:
-        if _exceeds(actual, reservation.amount):
+        estimate = reservation.amount
+        if (  # more was used than estimated, on some dimension
+            actual.calls > estimate.calls
+            or actual.tokens > estimate.tokens
+            or actual.cost > estimate.cost
+        ):
             # More was used than estimated: the current lease's room was decided without it.
             current = self._current.get(reservation.subject)
             if current is not None and (
@@ -352,17 +393,25 @@ class LeasedQuotas(_Leased[QuotaStore]):
         drawn = self._drawn.pop(reservation.id, None)
         if drawn is None:
             return await self.store.settle(reservation, actual)
-        lease, own = drawn
-        lease.give_back(own.amount, actual)
-        await self._close_if_done(reservation.subject, lease)
+        lease, amount = drawn
+        # lease.give_back(amount, actual), inline: every request drawn from a lease settles here.
+        lease.open -= 1
+        lease.held_calls -= amount.calls
+        lease.held_tokens -= amount.tokens
+        lease.held_cost -= amount.cost
+        lease.used_calls += actual.calls
+        lease.used_tokens += actual.tokens
+        lease.used_cost += actual.cost
+        if lease.retired:  # a lease still drawn from stays open
+            await self._close_if_done(reservation.subject, lease)
         return True
 
     async def refund(self, reservation: Reservation) -> bool:
         drawn = self._drawn.pop(reservation.id, None)
         if drawn is None:
             return await self.store.refund(reservation)
-        lease, own = drawn
-        lease.give_back(own.amount, None)
+        lease, amount = drawn
+        lease.give_back(amount, None)
         await self._close_if_done(reservation.subject, lease)
         return True
 
@@ -390,7 +439,7 @@ class LeasedQuotas(_Leased[QuotaStore]):
     async def expire(self) -> None:
         """Retire the leases whose time is up (settling those with no request open): run it
         every ``hold_s`` or so, so that the store learns of the use of a subject gone quiet."""
-        now = self._clock.now()
+        now = self._now()
         for subject, lease in list(self._current.items()):
             if now >= lease.expires and self._current.get(subject) is lease:
                 await self._retire(subject, lease)
@@ -419,7 +468,7 @@ class LeasedQuotas(_Leased[QuotaStore]):
             await self._settle_lease(subject, lease)
             return
         self._retired.setdefault(subject, []).append(lease)
-        if lease.day != day_number(self._clock.wall()) or lease.reservation is None:
+        if lease.day != day_number(self._wall()) or lease.reservation is None:
             return  # a past day's reservation no longer counts against anything
         reservation, used = lease.reservation, lease.used()
         await self.store.settle(reservation, used)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sqlite3
-import threading
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from asyncio import current_task
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
+from functools import partial
 from pathlib import Path
+from threading import get_ident
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 import structlog
@@ -71,31 +73,33 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-class _TaskIds:
-    """The current task's id (0 outside any task), for the batch owner checks.
+class _CurrentTask:
+    """The current task (None outside any task), for the batch owner checks.
 
     ``asyncio.current_task()`` first finds the running loop, which costs a ``getpid`` system call
     (the check that no fork happened); two batches a request made that show. The loop found last
-    is remembered with its thread: while it is running and the caller is on that thread, it is
-    the running loop (a thread runs one loop at a time), and the task is read from it directly.
+    is remembered with its thread. On that thread, a task current in that loop is the task
+    running now: a task runs on its loop's thread, and a thread runs one loop at a time. Any
+    other case (no task current there: a callback, no loop, another loop) looks the loop up.
     """
 
     __slots__ = ("_loop", "_thread")
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
+        self._thread = 0  # no thread's id: the first call looks the loop up
 
-    def __call__(self) -> int:
-        loop = self._loop
-        if loop is None or not loop.is_running() or self._thread != threading.get_ident():
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no running loop: a synchronous caller
-                return 0
-            self._loop, self._thread = loop, threading.get_ident()
-        task = asyncio.current_task(loop)
-        return id(task) if task is not None else 0
+    def __call__(self) -> asyncio.Task[Any] | None:
+        if self._thread == get_ident():
+            task = current_task(self._loop)
+            if task is not None:
+                return task
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no running loop: a synchronous caller
+            return None
+        self._loop, self._thread = loop, get_ident()
+        return current_task(loop)
 
 
 #: Forward-only migrations; the index + 1 is the schema version it brings.
@@ -140,42 +144,44 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class _Done:
-    """An awaitable that is already done: nothing to wait for."""
+class _Done(tuple[()]):
+    """An awaitable that is already done: nothing to wait for.
+
+    Awaiting it iterates an empty tuple, which ends at once with ``None``, without a Python frame
+    (every request awaits :meth:`SQLiteDatabase.committed` twice).
+    """
 
     __slots__ = ()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        yield from ()
+    __await__ = tuple.__iter__
 
 
-_DONE = _Done()
+_DONE: Final = cast("Awaitable[None]", _Done())
 
 
 class _Batch:
-    """:meth:`SQLiteDatabase.batch`: a plain class, cheaper than a generator context manager.
+    """:attr:`SQLiteDatabase.batch`: a plain class, cheaper than a generator context manager.
 
     The transaction begins with the batch's first statement: a batch whose calls were all
-    answered without the database (from a lease, say) costs no transaction at all.
+    answered without the database (from a lease, say) costs no transaction at all. A batch
+    started inside another one joins it: only the outer batch is the database's open batch, and
+    only its way out ends the batch (a joined batch keeps no state of its own).
     """
 
-    __slots__ = ("_begun", "_db", "_joined", "_outer", "owner")
+    # No __slots__: ``_begun`` starts as the class's False, so a batch that runs no statement
+    # never sets it.
+    _begun = False
+    #: The task that opened the batch; only it may run statements in it.
+    owner: asyncio.Task[Any] | None
 
     def __init__(self, db: SQLiteDatabase) -> None:
         self._db = db
-        self._outer = False
-        self._joined = False
-        self._begun = False
-        #: The id of the task that opened the batch; only it may run statements in it.
-        self.owner = 0
 
     def __enter__(self) -> None:
         db = self._db
         if db._open_batch is not None:
             return  # already in a batch: join it
-        self.owner = db._task_id()
+        self.owner = db._current_task()
         db._open_batch = self
-        self._outer = True
 
     def begin(self) -> None:
         """Begin (or join) the transaction, before the batch's first statement."""
@@ -188,9 +194,9 @@ class _Batch:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if not self._outer:
-            return
         db = self._db
+        if db._open_batch is not self:
+            return  # a joined batch: the outer one ends it
         db._open_batch = None
         if not self._begun:
             return
@@ -218,7 +224,17 @@ class SQLiteDatabase:
 
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
-        self._task_id = _TaskIds()
+        #: ``with db.batch():`` runs the store calls made inside as one transaction: one lock
+        #: and one commit. The pipeline decides a request's rate limits and budget reservation
+        #: in one batch, and settles in another. Every call inside must complete without
+        #: yielding to the event loop (SQLite calls never do); a call from another task
+        #: meanwhile is a bug and raises. The batch's writes stand on the way out, also when a
+        #: policy refused (its bucket take stands), and are undone only on a database error.
+        #: On an event loop they are committed with the other batches of the same round (see
+        #: the class docstring): await :meth:`committed`. (A bound factory rather than a
+        #: method: every request opens two batches.)
+        self.batch: Callable[[], AbstractContextManager[None]] = partial(_Batch, self)
+        self._current_task = _CurrentTask()
         #: The batch open now, whose transaction begins with its first statement.
         self._open_batch: _Batch | None = None
         #: The thread whose event loop commits the open group transaction (None: none open).
@@ -298,7 +314,7 @@ class SQLiteDatabase:
         try:
             batch = self._open_batch
             if batch is not None:
-                if self._task_id() != batch.owner:
+                if self._current_task() is not batch.owner:
                     raise RuntimeError(
                         "a SQLite batch was joined from another task: a batch must not yield"
                     )
@@ -311,27 +327,17 @@ class SQLiteDatabase:
             self.rows_epoch += 1  # whatever the failed statement left, read the rows again
             raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
 
-    def batch(self) -> AbstractContextManager[None]:
-        """Run the store calls made inside as one transaction: one lock and one commit.
-
-        The pipeline decides a request's rate limits and budget reservation in one batch, and
-        settles in another. Every call inside must complete without yielding to the event loop
-        (SQLite calls never do); a call from another task meanwhile is a bug and raises. The
-        batch's writes stand on the way out, also when a policy refused (its bucket take stands),
-        and are undone only on a database error. On an event loop they are committed with the
-        other batches of the same round (see the class docstring): await :meth:`committed`.
-        """
-        return _Batch(self)
-
     def committed(self) -> Awaitable[None]:
         """Await it until the batches run so far are committed; ``StoreError`` if that failed."""
-        if self._group_thread != threading.get_ident():
+        thread = self._group_thread
+        if thread is None or thread != get_ident():
             return _DONE  # nothing open here: every batch so far committed on its way out
-        if self._group_loop is not _running_loop():
+        loop = _running_loop()
+        if loop is None or loop is not self._group_loop:
             self._commit_group()  # opened under a loop that is gone: commit it now
             return _DONE
         # A future per waiter: a waiter cancelled while it waits cancels only its own.
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[None] = loop.create_future()
         self._group_waiters.append(waiter)
         return waiter
 
@@ -369,7 +375,7 @@ class SQLiteDatabase:
         except RuntimeError:  # a synchronous caller: commit now
             self._conn.execute("COMMIT")
             return
-        self._group_thread = threading.get_ident()
+        self._group_thread = get_ident()
         self._group_loop = loop
         self._group_batches = 1
         loop.call_soon(self._commit_group)
@@ -392,17 +398,20 @@ class SQLiteDatabase:
         waiters, self._group_waiters = self._group_waiters, []
         self._group_thread = self._group_loop = None
         self._group_batches = 0
-        for waiter in waiters:
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_result(None)
+        # Every waiter was made on the group's loop (see committed): one check for all of them.
+        if waiters and not waiters[0].get_loop().is_closed():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _fail_group(self, error: StoreError) -> None:
         waiters, self._group_waiters = self._group_waiters, []
         self._group_thread = self._group_loop = None
         self._group_batches = 0
-        for waiter in waiters:
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_exception(StoreError(error.message, original=error.original))
+        if waiters and not waiters[0].get_loop().is_closed():  # one loop, as in _commit_group
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(StoreError(error.message, original=error.original))
 
     def ping(self) -> None:
         try:

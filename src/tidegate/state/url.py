@@ -219,6 +219,21 @@ class Stores:
     #: The shared Postgres database, if a backend is Postgres.
     postgres: PostgresDatabase | None = None
     _backends: tuple[_Backend, ...] = field(default=(), repr=False)
+    #: ``with stores.batch():`` groups the fast store's next calls into one transaction where
+    #: the backend can (SQLite). Elsewhere it changes nothing: each call stays atomic on its own.
+    batch: Callable[[], AbstractContextManager[None]] = field(
+        init=False, repr=False, default=nullcontext
+    )
+    #: ``await stores.committed()`` waits until the fast store's batches so far are durable
+    #: (SQLite commits the batches of one event-loop round together); ``StoreError`` if their
+    #: commit failed.
+    committed: Callable[[], Awaitable[None]] = field(init=False, repr=False, default=_nothing)
+
+    def __post_init__(self) -> None:
+        # The fast backend's own functions, bound once: every request calls each twice.
+        if self._backends:
+            self.batch = self._backends[-1].batch
+            self.committed = self._backends[-1].committed
 
     async def ping_durable(self) -> None:
         """Raise ``StoreError`` unless the durable backend answers: what readiness should reflect.
@@ -231,18 +246,6 @@ class Stores:
     def one_backend(self) -> bool:
         """Whether the durable and the fast stores are one backend (so share its batches)."""
         return self._backends[0] is self._backends[-1]
-
-    def batch(self) -> AbstractContextManager[None]:
-        """Group the fast store's next calls into one transaction where the backend can (SQLite).
-
-        Elsewhere it changes nothing: each call stays atomic on its own.
-        """
-        return self._backends[-1].batch()
-
-    def committed(self) -> Awaitable[None]:
-        """Await it until the fast store's batches so far are durable (SQLite commits the
-        batches of one event-loop round together); ``StoreError`` if their commit failed."""
-        return self._backends[-1].committed()
 
     async def ping(self) -> None:
         """Raise ``StoreError`` unless every backend answers."""
