@@ -810,6 +810,78 @@ def test_bounds_hold_on_long_random_walks(options: AdmissionOptions, seed: int) 
     check_history(r, tickets)
 
 
+def observe(r: Rig, tickets: list[Ticket]) -> tuple[object, ...]:
+    """Everything a caller can see of a controller and its tickets, floats exact."""
+    controller = r.controller
+    return (
+        [
+            (t.request_id, t.klass, t.tenant, t.state, t.offered_at, t.started_at, t.ended_at)
+            for t in tickets
+        ],
+        controller.snapshot(),
+        controller.in_flight,
+        controller.depth(),
+        [controller.estimated_wait(klass) for klass in CLASSES],
+        [(controller.tenant_in_flight(t), controller.tenant_waiting(t)) for t in TENANTS],
+    )
+
+
+def replay(r: Rig, operations: list[tuple[Any, ...]]) -> list[object]:
+    """Apply the operations, recording each one's outcome and what the controller shows after."""
+    tickets: list[Ticket] = []
+    outcomes: list[object] = []
+    for operation in operations:
+        kind = operation[0]
+        if kind == "offer":
+            _, klass, tenant, budget = operation
+            deadline = None if budget is None else r.clock.now() + budget
+            try:
+                tickets.append(r.offer(klass, tenant=tenant, deadline=deadline))
+            except Rejected as error:
+                outcomes.append((type(error), error.reason, str(error), error.retry_after))
+        elif kind == "finish":
+            running = [t for t in tickets if t.state is TicketState.STARTED]
+            if running:
+                outcomes.append(r.controller.finish(running[operation[1] % len(running)]))
+        else:
+            apply_operation(r, tickets, operation)
+        check_invariants(r, tickets)
+        outcomes.append(observe(r, tickets))
+    return outcomes
+
+
+@settings(max_examples=300, deadline=None)
+@given(options=any_options(), operations=OPERATIONS)
+def test_without_an_event_hook_every_outcome_is_the_same(
+    options: AdmissionOptions, operations: list[tuple[Any, ...]]
+) -> None:
+    """A controller with no event hook (whose offer and finish take their fast paths) gives the
+    same tickets, times, refusals, service times, counters and gauges as one with a hook."""
+    clock = ManualClock()
+    plain = Rig(clock, AdmissionController(options, clock))
+    assert replay(rig(options), operations) == replay(plain, operations)
+
+
+def test_tickets_started_at_once_count_as_admitted_and_started() -> None:
+    """Without a hook, a ticket that starts on offer is counted once as admitted and once as
+    started, beside the tickets admitted to wait and started from the queue."""
+    clock = ManualClock()
+    controller = AdmissionController(AdmissionOptions(classes=TWO, slots=1), clock)
+    first = controller.offer(request_id="a", klass="critical", tenant="t", deadline_at=None)
+    second = controller.offer(request_id="b", klass="critical", tenant="t", deadline_at=None)
+    assert (first.state, second.state) == (TicketState.STARTED, TicketState.WAITING)
+    assert first.started_at == first.offered_at == 0.0
+    clock.advance(2.0)
+    assert controller.finish(first) == 2.0
+    assert controller.start() is second
+    snapshot = controller.snapshot()
+    assert dict(snapshot.admitted) == {"critical": 2, "standard": 0}
+    assert dict(snapshot.started) == {"critical": 2, "standard": 0}
+    assert dict(snapshot.finished) == {"critical": 1, "standard": 0}
+    assert snapshot.in_flight == controller.in_flight == 1
+    assert controller.mean_service_time == 1.0 + 0.1 * (2.0 - 1.0)
+
+
 def simulate(seed: int) -> list[tuple[object, ...]]:
     """A seeded surge through the controller, traced event by event."""
     rng = random.Random(seed)

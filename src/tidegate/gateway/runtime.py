@@ -107,7 +107,10 @@ class AdmissionGate:
             self.controller.finish(ticket)
         else:
             self.controller.cancel(ticket)
-        self._pump()
+        # Every waiting ticket has a waiter here, so with none start() has nothing to start
+        # (cancelled heap entries it would drop are dropped by a later start()).
+        if self._waiters:
+            self._pump()
 
     def _abandon(self, ticket: Ticket) -> None:
         self._waiters.pop(ticket, None)

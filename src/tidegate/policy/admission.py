@@ -61,6 +61,7 @@ _POLICY: Final = "admission"
 # Bound once: the compiled build reads a module-level Final directly, not through the module.
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
+_NAN: Final = math.nan
 
 AdmissionMode: TypeAlias = Literal["queue_cap", "deadline"]
 DequeueOrder: TypeAlias = Literal["fifo", "strict", "weighted"]
@@ -246,12 +247,14 @@ class _TenantLoad:
 
     A controller keeps one per tenant with live tickets and each ticket points at its tenant's,
     so the hot paths count without a dictionary lookup. It is dropped when both counts reach
-    zero; a ticket that has ended never touches it again.
+    zero; a ticket that has ended never changes its counts again. Its ``owner`` is the
+    controller, which is how a ticket's owner is checked.
     """
 
-    __slots__ = ("in_flight", "parked", "waiting")
+    __slots__ = ("in_flight", "owner", "parked", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: AdmissionController) -> None:
+        self.owner = owner
         self.in_flight = 0
         self.waiting = 0
         #: A heap of (arrival sequence, ticket) that cannot start while the tenant is at its limit.
@@ -266,7 +269,6 @@ class Ticket:
         "_ended",
         "_index",
         "_load",
-        "_owner",
         "_parked",
         "_seq",
         "_started",
@@ -286,7 +288,6 @@ class Ticket:
     state: TicketState
     _index: int
     _load: _TenantLoad
-    _owner: AdmissionController
     _parked: bool
     _seq: int
     # Times as plain floats (nan: not yet), which the compiled build keeps unboxed.
@@ -295,8 +296,6 @@ class Ticket:
 
     def __init__(
         self,
-        *,
-        owner: AdmissionController,
         request_id: str,
         klass: str,
         index: int,
@@ -305,18 +304,21 @@ class Ticket:
         offered_at: float,
         seq: int,
         load: _TenantLoad,
+        state: TicketState,
+        started: float,
     ) -> None:
+        # Positional, and born in its first state (``WAITING`` with ``started`` nan, or
+        # ``STARTED``): the controller builds one on every offer.
         self.request_id = request_id
         self.klass = klass
         self.tenant = tenant
         self.deadline_at = deadline_at
         self.offered_at = offered_at
-        self._started = math.nan
-        self._ended = math.nan
-        self.state = _WAITING
+        self._started = started
+        self._ended = _NAN
+        self.state = state
         self._index = index
         self._load = load
-        self._owner = owner
         self._parked = False
         self._seq = seq
 
@@ -471,15 +473,19 @@ class AdmissionController:
 
     __slots__ = (
         "_admitted",
+        "_alpha",
         "_cancelled",
         "_caps",
         "_clock",
+        "_deadline_mode",
+        "_direct",
         "_expired",
         "_finished",
+        "_free",
         "_heaps",
-        "_in_flight",
         "_index",
-        "_mean_service",
+        "_measured",
+        "_offer_weight",
         "_offered_at",
         "_offered_rate",
         "_on_event",
@@ -488,13 +494,17 @@ class AdmissionController:
         "_ready",
         "_refused",
         "_seq",
+        "_service_time",
+        "_slots",
         "_started",
         "_strides",
+        "_tenant_limit",
         "_tenants",
         "_total_waiting",
         "_vtime",
         "_waiting",
         "_weights",
+        "_window",
     )
 
     def __init__(
@@ -521,15 +531,32 @@ class AdmissionController:
         self._waiting = [0] * count  # live waiting tickets per class, parked ones included
         self._total_waiting = 0
         self._ready = 0  # live tickets in the class heaps, i.e. startable now
-        self._in_flight = 0
+        self._free = options.slots  # slots not held by a started ticket: never negative
         # Per tenant with live tickets: its counts and parked tickets.
         self._tenants: dict[str, _TenantLoad] = {}
         self._seq = 0
-        self._mean_service = float(options.initial_service_time)
+        # The options the hot paths read, as plain fields (options are frozen).
+        self._slots = options.slots
+        self._tenant_limit = options.tenant_max_in_flight
+        self._deadline_mode = options.mode == "deadline"
+        self._measured = options.service_rate is None
+        self._alpha = float(options.service_time_smoothing)
+        self._window = float(options.overload_window)
+        self._offer_weight = 1.0 / options.overload_window  # one offer's share of the rate
+        # Mean seconds a ticket holds a slot: measured (a moving average of finished tickets'
+        # service times), or fixed at ``slots / service_rate`` when the rate is configured.
+        self._service_time = (
+            float(options.initial_service_time)
+            if options.service_rate is None
+            else options.slots / options.service_rate
+        )
         self._offered_rate = 0.0
         self._offered_at: float | None = None
-        self._admitted = [0] * count
-        self._started = [0] * count
+        self._admitted = [0] * count  # tickets admitted to wait (or started with an event hook)
+        self._started = [0] * count  # tickets started from the queue (or with an event hook)
+        # Tickets that started at once on offer with no event hook: each counts as admitted and
+        # as started (see ``snapshot``), at one increment instead of two.
+        self._direct = [0] * count
         self._finished = [0] * count
         self._cancelled = [0] * count
         self._expired = [0] * count
@@ -548,10 +575,18 @@ class AdmissionController:
         ``BulkheadFull`` (the tenant's waiting bulkhead is full) or ``QueueFull`` (the class
         queue is at its cap and the request cannot start at once). ``ValueError`` for an unknown class.
         """
-        index = self._class_index(klass)
-        options = self._options
+        try:
+            index = self._index[klass]
+        except KeyError:
+            raise self._unknown_class(klass) from None
         now = self._clock.now()
-        self._offered_rate = self._offered_rate_at(now) + 1.0 / options.overload_window
+        if self._offered_at is None:
+            self._offered_rate = self._offer_weight  # the first offer: 0.0 + one share, exactly
+        else:  # _offered_rate_at(now) plus one share, inlined
+            self._offered_rate = (
+                self._offered_rate * math.exp(-(now - self._offered_at) / self._window)
+                + self._offer_weight
+            )
         self._offered_at = now
         if deadline_at is not None and now >= deadline_at:
             raise self._refuse(
@@ -564,15 +599,47 @@ class AdmissionController:
                 now=now,
             )
         load = self._tenants.get(tenant)
-        tenant_busy = (
-            options.tenant_max_in_flight is not None
-            and load is not None
-            and load.in_flight >= options.tenant_max_in_flight
-        )
-        direct = self._in_flight < options.slots and self._ready == 0 and not tenant_busy
+        if (
+            self._free
+            and not self._ready
+            and self._on_event is None
+            and (self._tenant_limit is None or load is None or load.in_flight < self._tenant_limit)
+            and (
+                deadline_at is None
+                or not self._deadline_mode
+                or now + self._service_time <= deadline_at
+            )
+        ):
+            # Fast path: a slot is free, nothing startable waits, the tenant has room (so no
+            # wait: now + 0.0 + service time is now + service time) and the deadline admits.
+            # No hook can see the ticket between admission and start, so it is born STARTED
+            # with _begin's counts (admitted and started in one), and as it never enters a heap
+            # it takes no place in the arrival order (seq 0).
+            if load is None:
+                load = self._tenants[tenant] = _TenantLoad(self)
+            ticket = Ticket(
+                request_id,
+                klass,
+                index,
+                tenant,
+                deadline_at,
+                now,  # offered_at
+                0,  # seq
+                load,
+                _STARTED,
+                now,  # started
+            )
+            self._direct[index] += 1
+            self._free -= 1
+            load.in_flight += 1
+            return ticket
+        limit = self._tenant_limit
+        tenant_busy = limit is not None and load is not None and load.in_flight >= limit
+        direct = self._free > 0 and self._ready == 0 and not tenant_busy
         if direct:
             wait = 0.0
         else:
+            options = self._options
             waiting = load.waiting if load is not None else 0
             if options.tenant_max_waiting is not None and waiting >= options.tenant_max_waiting:
                 raise self._refuse(
@@ -597,34 +664,34 @@ class AdmissionController:
                     now=now,
                 )
             wait = self._work_ahead(index, now) / self.service_rate
-        if options.mode == "deadline" and not deadline_admits(
-            now=now,
-            estimated_wait=wait,
-            mean_service_time=self.mean_service_time,
-            deadline_at=deadline_at,
+        if (  # not deadline_admits(...), inlined
+            self._deadline_mode
+            and deadline_at is not None
+            and not now + wait + self._service_time <= deadline_at
         ):
             raise self._refuse(
                 DeadlineUnmeetable,
                 RefusalReason.DEADLINE_UNMEETABLE,
                 f"{klass} request {request_id!r} would wait about {wait:.3g}s and need "
-                f"{self.mean_service_time:.3g}s of service, past its deadline",
+                f"{self._service_time:.3g}s of service, past its deadline",
                 request_id=request_id,
                 index=index,
                 tenant=tenant,
                 now=now,
             )
         if load is None:
-            load = self._tenants[tenant] = _TenantLoad()
+            load = self._tenants[tenant] = _TenantLoad(self)
         ticket = Ticket(
-            owner=self,
-            request_id=request_id,
-            klass=klass,
-            index=index,
-            tenant=tenant,
-            deadline_at=deadline_at,
-            offered_at=now,
-            seq=self._seq,
-            load=load,
+            request_id,
+            klass,
+            index,
+            tenant,
+            deadline_at,
+            now,  # offered_at
+            self._seq,
+            load,
+            _WAITING,
+            _NAN,  # not started
         )
         self._seq += 1
         self._admitted[index] += 1
@@ -650,9 +717,9 @@ class AdmissionController:
         ``drop_expired_at_dequeue``; tickets whose tenant holds all its slots are parked until
         the tenant frees one.
         """
-        options = self._options
-        if self._in_flight >= options.slots or not any(self._heaps):
+        if not self._free or not any(self._heaps):
             return None  # no slot, or nothing queued (every request that finishes asks)
+        options = self._options
         now = self._clock.now()
         active = self._priority_active(now)
         order: DequeueOrder = options.dequeue if active else "fifo"
@@ -690,19 +757,27 @@ class AdmissionController:
 
         Raises ``ValueError`` unless the ticket is this controller's and ``STARTED``.
         """
-        self._check_owner(ticket)
+        load = ticket._load
+        if load.owner is not self:  # _check_owner(ticket), inlined
+            raise ValueError(f"{ticket!r} belongs to another admission controller")
         if ticket.state is not _STARTED:
             raise ValueError(f"finish() needs a started ticket, got {ticket!r}")
         now = self._clock.now()
         service_time = now - ticket._started
-        self._release(ticket)
+        # _release(ticket), inlined
+        self._free += 1
+        load.in_flight -= 1
+        if load.parked:
+            self._unpark(load)
+        if not load.in_flight and not load.waiting:  # _forget_if_idle(ticket)
+            del self._tenants[ticket.tenant]
         ticket.state = _FINISHED
         ticket._ended = now
         self._finished[ticket._index] += 1
-        if self._options.service_rate is None:
-            alpha = self._options.service_time_smoothing
-            sample = max(service_time, _MIN_SERVICE_TIME)
-            self._mean_service += alpha * (sample - self._mean_service)
+        if self._measured:
+            # max(service_time, _MIN_SERVICE_TIME), without the call
+            sample = _MIN_SERVICE_TIME if service_time < _MIN_SERVICE_TIME else service_time
+            self._service_time += self._alpha * (sample - self._service_time)
         if self._on_event is not None:
             self._on_event(TicketFinished(ticket=ticket, at=now, service_time=service_time))
         return service_time
@@ -744,7 +819,7 @@ class AdmissionController:
     @property
     def in_flight(self) -> int:
         """Tickets holding a slot now."""
-        return self._in_flight
+        return self._slots - self._free
 
     def depth(self, klass: str | None = None) -> int:
         """Waiting tickets of ``klass`` (all classes when ``None``), parked ones included."""
@@ -765,10 +840,7 @@ class AdmissionController:
     @property
     def mean_service_time(self) -> float:
         """Seconds a ticket holds a slot on average: measured, or ``slots / service_rate``."""
-        rate = self._options.service_rate
-        if rate is not None:
-            return self._options.slots / rate
-        return self._mean_service
+        return self._service_time
 
     @property
     def service_rate(self) -> float:
@@ -776,7 +848,7 @@ class AdmissionController:
         rate = self._options.service_rate
         if rate is not None:
             return rate
-        return self._options.slots / self._mean_service
+        return self._options.slots / self._service_time
 
     @property
     def offered_rate(self) -> float:
@@ -797,7 +869,7 @@ class AdmissionController:
         """Seconds a request of ``klass`` offered now would wait before starting (estimate)."""
         index = self._class_index(klass)
         now = self._clock.now()
-        if self._in_flight < self._options.slots and self._ready == 0:
+        if self._free > 0 and self._ready == 0:
             return 0.0
         return self._work_ahead(index, now) / self.service_rate
 
@@ -813,10 +885,10 @@ class AdmissionController:
 
         return AdmissionSnapshot(
             at=now,
-            in_flight=self._in_flight,
+            in_flight=self._slots - self._free,
             depth=by_class(self._waiting),
-            admitted=by_class(self._admitted),
-            started=by_class(self._started),
+            admitted=by_class([n + d for n, d in zip(self._admitted, self._direct, strict=True)]),
+            started=by_class([n + d for n, d in zip(self._started, self._direct, strict=True)]),
             finished=by_class(self._finished),
             cancelled=by_class(self._cancelled),
             expired=by_class(self._expired),
@@ -839,19 +911,20 @@ class AdmissionController:
         try:
             return self._index[klass]
         except KeyError:
-            raise ValueError(
-                f"unknown class {klass!r}; expected one of {self._options.classes!r}"
-            ) from None
+            raise self._unknown_class(klass) from None
+
+    def _unknown_class(self, klass: str) -> ValueError:
+        return ValueError(f"unknown class {klass!r}; expected one of {self._options.classes!r}")
 
     def _check_owner(self, ticket: Ticket) -> None:
-        if ticket._owner is not self:
+        if ticket._load.owner is not self:
             raise ValueError(f"{ticket!r} belongs to another admission controller")
 
     def _offered_rate_at(self, now: float) -> float:
         if self._offered_at is None:
             return 0.0
         elapsed = now - self._offered_at
-        return self._offered_rate * math.exp(-elapsed / self._options.overload_window)
+        return self._offered_rate * math.exp(-elapsed / self._window)
 
     def _priority_active(self, now: float) -> bool:
         options = self._options
@@ -965,15 +1038,16 @@ class AdmissionController:
         ticket.state = _STARTED
         ticket._started = now
         ticket._parked = False
-        self._in_flight += 1
+        self._free -= 1
         ticket._load.in_flight += 1
         self._started[ticket._index] += 1
         if self._on_event is not None:
             self._on_event(TicketStarted(ticket=ticket, at=now, waited=now - ticket.offered_at))
 
     def _release(self, ticket: Ticket) -> None:
-        self._in_flight -= 1
+        self._free += 1
         load = ticket._load
         load.in_flight -= 1
-        self._unpark(load)
+        if load.parked:
+            self._unpark(load)
         self._forget_if_idle(ticket)
