@@ -50,13 +50,13 @@ async def test_an_idempotent_answer_is_stored_before_it_is_sent(
 ) -> None:
     """A replica that dies right after sending leaves a key that replays, not one in progress."""
     order: list[str] = []
-    original_send = http.send_bytes
+    original_send = http.send_raw  # how the pipeline sends an answer
 
     async def spy_send(send: Any, status: int, *args: Any, **kwargs: Any) -> None:
         order.append(f"send {status}")
         await original_send(send, status, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "send_bytes", spy_send)
+    monkeypatch.setattr(pipeline, "send_raw", spy_send)
     async with gateway_client(one_route()) as (client, app):
         store = app.runtime.stores.idempotency
         original_complete = store.complete

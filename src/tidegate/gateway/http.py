@@ -25,6 +25,7 @@ __all__ = [
     "send_bytes",
     "send_error",
     "send_json",
+    "send_raw",
     "start_stream",
 ]
 
@@ -71,9 +72,15 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) ->
 
 async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) -> dict[str, Any]:
     """The body as a JSON object, or the documented 4xx for anything else."""
-    content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if content_type and content_type != "application/json" and not content_type.endswith("+json"):
-        raise UnsupportedMediaType(f"expected application/json, got {content_type!r}")
+    declared = headers.get("content-type", "application/json")
+    if declared != "application/json":  # else the usual exact spelling: nothing to take apart
+        content_type = declared.split(";")[0].strip().lower()
+        if (
+            content_type
+            and content_type != "application/json"
+            and not content_type.endswith("+json")
+        ):
+            raise UnsupportedMediaType(f"expected application/json, got {content_type!r}")
     body = await read_body(receive, headers, limit)
     try:
         data = orjson.loads(body)
@@ -100,9 +107,19 @@ async def send_bytes(
     *,
     content_type: str = "application/json",
 ) -> None:
-    raw = _header_list(headers)
-    raw.append((b"content-type", content_type.encode("latin-1")))
-    raw.append((b"content-length", str(len(body)).encode("latin-1")))
+    await send_raw(send, status, body, _header_list(headers), content_type.encode("latin-1"))
+
+
+async def send_raw(
+    send: Send,
+    status: int,
+    body: bytes,
+    raw: list[tuple[bytes, bytes]],
+    content_type: bytes = b"application/json",
+) -> None:
+    """:func:`send_bytes` with the headers already as ASGI takes them (``raw`` is added to)."""
+    raw.append((b"content-type", content_type))
+    raw.append((b"content-length", b"%d" % len(body)))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 

@@ -36,7 +36,7 @@ from tidegate.errors import (
 )
 from tidegate.gateway.auth import Identity
 from tidegate.gateway.canary import apply_version, validation_failed
-from tidegate.gateway.http import Send, send_bytes, start_stream
+from tidegate.gateway.http import Send, send_bytes, send_raw, start_stream
 from tidegate.gateway.runtime import Flight, Route, Runtime
 from tidegate.ids import new_id
 from tidegate.policy.budget import BudgetVerdict, Cost, Reservation
@@ -133,20 +133,25 @@ class Exchange:
         self._tried_memo = (seen, text)
         return text
 
-    def answer_headers(self) -> list[tuple[str, str]]:
-        headers = [("x-request-id", self.request_id)]
+    def raw_answer_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers every answer carries, as ASGI takes them (names lower-case)."""
+        headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
         if self.served_by != "-":
-            headers.append(("x-tidegate-served-by", self.served_by))
+            headers.append((b"x-tidegate-served-by", self.served_by.encode("latin-1")))
         tried = self.tried_header()
         if tried:
-            headers.append(("x-tidegate-tried", tried))
+            headers.append((b"x-tidegate-tried", tried.encode("latin-1")))
         if self.cache:
-            headers.append(("x-tidegate-cache", self.cache))
+            headers.append((b"x-tidegate-cache", self.cache.encode("latin-1")))
         if self.budget:
-            headers.append(("x-tidegate-budget", self.budget))
+            headers.append((b"x-tidegate-budget", self.budget.encode("latin-1")))
         if self.version:
-            headers.append(("x-tidegate-version", self.version))
+            headers.append((b"x-tidegate-version", self.version.encode("latin-1")))
         return headers
+
+    def answer_headers(self) -> list[tuple[str, str]]:
+        """:meth:`raw_answer_headers` as text, for adding more headers to."""
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_answer_headers()]
 
 
 # --------------------------------------------------------------------------- request checks
@@ -938,7 +943,7 @@ async def _cache_get(rt: Runtime, key: str) -> bytes | None:
 async def _answer_json(
     rt: Runtime, ex: Exchange, send: Send, payload: bytes, settle: Settlement
 ) -> None:
-    headers = ex.answer_headers()
+    headers = ex.raw_answer_headers()
     if settle.idempotency is not None:  # what the key replays
         settle.stored = StoredResponse(200, payload, {"content-type": "application/json"})
     settle.served = True
@@ -947,7 +952,7 @@ async def _answer_json(
     # replays this answer, not one stuck "in progress" whose answer the caller already holds.
     if settle.stored is not None:
         await settle.complete_idempotency()
-    await send_bytes(send, 200, payload, headers)
+    await send_raw(send, 200, payload, headers)
 
 
 async def _single_flight(

@@ -276,6 +276,8 @@ class Runtime:
 
     def identity_class(self, identity: Identity, requested: str | None) -> str:
         """The admission class: the key's, lowered (never raised) by an ``X-Tidegate-Priority``."""
+        if requested is None:  # the usual case: the key's own class
+            return identity.priority
         classes = self.config.admission.classes
         own = classes.index(identity.priority)
         if requested in classes and classes.index(requested) > own:
