@@ -348,7 +348,7 @@ class Gateway:
         rt.in_flight += 1
         try:
             try:
-                body = await read_json(receive, headers, rt.config.server.max_body_bytes)
+                body = await read_json(receive, headers, rt.max_body_bytes)
             except ClientDisconnected:
                 ex.outcome, ex.status = "client_closed", 499
                 return

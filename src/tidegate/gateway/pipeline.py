@@ -180,7 +180,7 @@ def validate_chat(body: Mapping[str, Any]) -> None:
 def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
     """The request's deadline from config, shortened (never lengthened) by the caller's header."""
     clock = rt.clock  # the configured timeout is validated positive at load
-    deadline = Deadline(clock, clock.now() + rt.config.server.request_timeout_s)
+    deadline = Deadline(clock, clock.now() + rt.request_timeout_s)
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return deadline
@@ -194,7 +194,7 @@ def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
 
 
 def identify(rt: Runtime, headers: Mapping[str, str]) -> Identity:
-    if rt.config.auth.keys_file is None and len(rt.keys) == 0:
+    if len(rt.keys) == 0 and rt.config.auth.keys_file is None:
         # No keys configured (dev only: production refuses to start like this).
         classes = rt.config.admission.classes
         return Identity(
@@ -227,10 +227,10 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
 
 
 def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -> float:
-    entry = rt.prices.get(model)
+    entry = rt.prices_per_1k.get(model)
     if entry is None:
         return 0.0
-    return (prompt_tokens * entry.input_per_1k + completion_tokens * entry.output_per_1k) / 1000.0
+    return (prompt_tokens * entry[0] + completion_tokens * entry[1]) / 1000.0
 
 
 # --------------------------------------------------------------------------- limits
@@ -273,12 +273,11 @@ async def reserve_budget(
 ) -> tuple[Reservation | None, str]:
     """Hold the estimated cost; returns the reservation and the route alias (maybe degraded)."""
     alias = body["model"]
-    if rt.budget is None or rt.config.budgets is None:
+    if rt.budget is None:
         return None, alias
-    budgets = rt.config.budgets
-    max_tokens = body.get("max_tokens") or budgets.default_max_tokens
+    max_tokens = body.get("max_tokens") or rt.default_max_tokens
     prompt = estimate_prompt_tokens(body)
-    model = rt.provider_configs[rt.routes[alias].specs[0].name].model
+    model = rt.model_ids[rt.routes[alias].specs[0].name]
     estimate = Cost(calls=1, tokens=prompt + max_tokens, cost=price(rt, model, prompt, max_tokens))
     subject = identity.budget_subject
     try:
@@ -297,6 +296,8 @@ async def reserve_budget(
             f"the daily {dimension} budget is spent", policy="budget", retry_after=retry_after
         )
     # The one verdict left: degrade (a cheaper model or fewer tokens, as configured).
+    budgets = rt.config.budgets
+    assert budgets is not None  # rt.budget is made from it
     rt.metrics.budget_degraded.inc()
     ex.budget = "degraded"
     if budgets.degrade.max_tokens is not None:
@@ -494,7 +495,7 @@ class _Completion:
         self.spec = spec
         self.provider = rt.providers[spec.name]
         self.breaker = rt.breakers[spec.name]
-        self.upstream = {**body, "model": rt.provider_configs[spec.name].model}
+        self.upstream = {**body, "model": rt.model_ids[spec.name]}
 
     async def __call__(self, limit: float) -> tuple[ProviderSpec, dict[str, Any]]:
         rt, spec = self.rt, self.spec
@@ -861,7 +862,7 @@ async def chat_completions(
                 return
             settle.idempotency = (f"{identity.tenant}:{idem_key}", token)
 
-        use_cache = rt.config.cache.enabled and not stream
+        use_cache = rt.cache_enabled and not stream
         key = cache_key(identity, f"{alias}@{ex.version}", body) if use_cache else ""
         if use_cache:
             cached = await _cache_get(rt, key)
@@ -1044,7 +1045,7 @@ async def _lead(
 ) -> Flight:
     """The upstream call itself, its accounting, and (for the primary's answers) the cache."""
     spec, answer = await call_route(rt, ex, route, body, deadline, plan)
-    served_model = rt.provider_configs[spec.name].model
+    served_model = rt.model_ids[spec.name]
     answer["model"] = served_model
     text_chars = 0  # of the cleaned answers: the completion's size when usage is missing
     clean = rt.output_filter.clean

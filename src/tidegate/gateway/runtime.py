@@ -209,11 +209,33 @@ class Runtime:
     _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
     #: Route plans by what decides them (see ``pipeline.plan_for``).
     plans: dict[tuple[Any, ...], tuple[Route, RoutePlan]] = field(default_factory=dict, repr=False)
+    #: Config values the request path reads, resolved once at start-up (reading a pydantic
+    #: model's attribute costs several times a plain object's): the body limit, the request
+    #: timeout, whether the response cache is on, each provider's model id, each model's
+    #: prices per 1k tokens (input, output) and the budgets' default ``max_tokens``.
+    max_body_bytes: int = field(init=False, repr=False)
+    request_timeout_s: float = field(init=False, repr=False)
+    cache_enabled: bool = field(init=False, repr=False)
+    model_ids: dict[str, str] = field(init=False, repr=False)
+    prices_per_1k: dict[str, tuple[float, float]] = field(init=False, repr=False)
+    default_max_tokens: int = field(init=False, repr=False)
     #: Per-provider handlers of the retry planner's events (see ``pipeline._failover``).
     retry_events: dict[str, Callable[[Any], None]] = field(default_factory=dict, repr=False)
     _retry_on_memo: tuple[FailoverOptions, Callable[[ProviderError], bool]] | None = field(
         default=None, repr=False
     )
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self.max_body_bytes = config.server.max_body_bytes
+        self.request_timeout_s = config.server.request_timeout_s
+        self.cache_enabled = config.cache.enabled
+        self.model_ids = {name: cfg.model for name, cfg in self.provider_configs.items()}
+        self.prices_per_1k = {
+            model: (price.input_per_1k, price.output_per_1k) for model, price in self.prices.items()
+        }
+        budgets = config.budgets
+        self.default_max_tokens = budgets.default_max_tokens if budgets is not None else 0
 
     def retry_on(self) -> Callable[[ProviderError], bool]:
         """The routing rule the retry planner asks (``retry_same`` with :attr:`failover`)."""
