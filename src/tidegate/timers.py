@@ -38,16 +38,20 @@ class _Entry:
 class _Timeout:
     """The async context manager :meth:`SharedTimeouts.after` returns."""
 
-    __slots__ = ("_entry", "_owner", "_when")
+    __slots__ = ("_entry", "_owner", "_task", "_when")
 
-    def __init__(self, owner: SharedTimeouts, when: float | None) -> None:
+    def __init__(
+        self, owner: SharedTimeouts, when: float | None, task: asyncio.Task[object] | None = None
+    ) -> None:
         self._owner = owner
         self._when = when
+        #: The task to cancel, when the maker knew it (else the one that enters the block).
+        self._task = task
         self._entry: _Entry | None = None
 
     async def __aenter__(self) -> None:
         if self._when is not None:
-            self._entry = self._owner.add(self._when)
+            self._entry = self._owner.add(self._when, self._task)
 
     async def __aexit__(
         self,
@@ -82,10 +86,12 @@ class SharedTimeouts:
         """``async with timeouts.at(when):`` cancels the block at loop time ``when`` (None: never)."""
         return _Timeout(self, when)
 
-    def add(self, when: float) -> _Entry:
-        task = asyncio.current_task()
+    def add(self, when: float, task: asyncio.Task[object] | None = None) -> _Entry:
+        """Time ``task`` (the current one if not given) out at ``when``."""
         if task is None:
-            raise RuntimeError("a timeout must be used inside a task")
+            task = asyncio.current_task()
+            if task is None:
+                raise RuntimeError("a timeout must be used inside a task")
         entry = _Entry(when, task)
         heap = self._heap
         if len(heap) > 2 * self._live + _SLACK:
@@ -145,9 +151,11 @@ def _shared(loop: asyncio.AbstractEventLoop) -> SharedTimeouts:
 
 
 def timeout_after(seconds: float) -> _Timeout:
-    """Like ``asyncio.timeout(seconds)``, sharing the running loop's one timer."""
+    """Like ``asyncio.timeout(seconds)``, sharing the running loop's one timer; it times out
+    the task that makes it (which is the one that enters it, in ``async with``)."""
     loop = asyncio.get_running_loop()
-    return _shared(loop).at(loop.time() + seconds)
+    # current_task() with the loop at hand: without it, it looks the running loop up again.
+    return _Timeout(_shared(loop), loop.time() + seconds, asyncio.current_task(loop))
 
 
 def timeout_at(when: float | None) -> _Timeout:

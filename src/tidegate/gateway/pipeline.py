@@ -805,7 +805,7 @@ async def chat_completions(
     """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx."""
     settle = Settlement(rt, ex)
     started_stream = False
-    started = rt.clock.now()
+    started = rt.clock.now() if rt.canaries else 0.0  # a canary's latency (none: not read)
     canary = None
     try:
         validate_chat(body)

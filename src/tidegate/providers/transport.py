@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -47,9 +47,12 @@ _MAX_MESSAGE = 500  # characters of a provider's error text kept in our message
 K = ProviderErrorKind
 
 
-@dataclass(frozen=True, slots=True)
-class HTTPAnswer:
-    """A whole HTTP response: status, headers and body bytes."""
+class HTTPAnswer(NamedTuple):
+    """A whole HTTP response: status, headers and body bytes.
+
+    A named tuple: immutable like a frozen dataclass, and built several times faster (one is
+    built for every upstream answer).
+    """
 
     status: int
     headers: Mapping[str, str]
