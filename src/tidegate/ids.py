@@ -28,9 +28,11 @@ class IdSource:
         """A new prefix (random unless given) and the counter back at 1."""
         self.prefix = prefix if prefix is not None else secrets.token_hex(8)
         self._count = itertools.count(1)
+        # A %-template made once: cheaper per id than an f-string with a nested format spec.
+        self._template = self.prefix.replace("%", "%%") + f"%0{self._width}x"
 
     def __call__(self) -> str:
-        return f"{self.prefix}{next(self._count):0{self._width}x}"
+        return self._template % next(self._count)
 
 
 #: The process-wide source: 24 hex characters, like the random ids it replaces.

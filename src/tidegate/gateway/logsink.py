@@ -100,12 +100,14 @@ class UTCTimestamp:
     more than rendering the rest of the request's line.
     """
 
-    __slots__ = ("_prefix", "_second", "_time")
+    __slots__ = ("_fraction", "_second", "_time", "_whole")
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._time = (clock or SystemClock()).wall
         self._second = -1
-        self._prefix = ""
+        #: This second's stamp: with a fraction (a %-template of the microseconds), and whole.
+        self._fraction = ""
+        self._whole = ""
 
     def __call__(
         self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
@@ -119,8 +121,10 @@ class UTCTimestamp:
             micros -= 1_000_000
         if second != self._second:
             self._second = second
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        event_dict["timestamp"] = f"{self._prefix}.{micros:06d}Z" if micros else f"{self._prefix}Z"
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._fraction = prefix + ".%06dZ"
+            self._whole = prefix + "Z"
+        event_dict["timestamp"] = self._fraction % micros if micros else self._whole
         return event_dict
 
 

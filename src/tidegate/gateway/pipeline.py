@@ -194,7 +194,7 @@ def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
 
 
 def identify(rt: Runtime, headers: Mapping[str, str]) -> Identity:
-    if len(rt.keys) == 0 and rt.config.auth.keys_file is None:
+    if rt.no_keys_file and len(rt.keys) == 0:
         # No keys configured (dev only: production refuses to start like this).
         classes = rt.config.admission.classes
         return Identity(

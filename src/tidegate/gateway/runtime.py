@@ -219,6 +219,8 @@ class Runtime:
     model_ids: dict[str, str] = field(init=False, repr=False)
     prices_per_1k: dict[str, tuple[float, float]] = field(init=False, repr=False)
     default_max_tokens: int = field(init=False, repr=False)
+    #: No keys file is configured (dev): a request without keys is anonymous while no key exists.
+    no_keys_file: bool = field(init=False, repr=False)
     #: Per-provider handlers of the retry planner's events (see ``pipeline._failover``).
     retry_events: dict[str, Callable[[Any], None]] = field(default_factory=dict, repr=False)
     _retry_on_memo: tuple[FailoverOptions, Callable[[ProviderError], bool]] | None = field(
@@ -230,6 +232,7 @@ class Runtime:
         self.max_body_bytes = config.server.max_body_bytes
         self.request_timeout_s = config.server.request_timeout_s
         self.cache_enabled = config.cache.enabled
+        self.no_keys_file = config.auth.keys_file is None
         self.model_ids = {name: cfg.model for name, cfg in self.provider_configs.items()}
         self.prices_per_1k = {
             model: (price.input_per_1k, price.output_per_1k) for model, price in self.prices.items()
