@@ -46,16 +46,24 @@ def request_headers(scope: Scope) -> dict[str, str]:
 
 async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
     """The whole body, refusing with 413 as soon as it is known to be over ``limit`` bytes."""
+    _check_length(headers, limit)
+    return await _body_from(receive, await receive(), limit)
+
+
+def _check_length(headers: Mapping[str, str], limit: int) -> None:
     declared = headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise InvalidRequest("Content-Length is not a number")
         if int(declared) > limit:
             raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {limit}")
+
+
+async def _body_from(receive: Receive, message: Message, limit: int) -> bytes:
+    """The body whose first message is ``message``; the rest is received here."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         chunk: bytes = message.get("body", b"")
@@ -64,10 +72,11 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) ->
             raise PayloadTooLarge(f"the body is over the {limit}-byte limit")
         if not message.get("more_body", False):
             if not chunks:
-                return chunk  # the usual case: the whole body in one message
+                return chunk  # the whole body in one message
             chunks.append(chunk)
             return b"".join(chunks)
         chunks.append(chunk)
+        message = await receive()
 
 
 async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) -> dict[str, Any]:
@@ -81,7 +90,11 @@ async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) ->
             and not content_type.endswith("+json")
         ):
             raise UnsupportedMediaType(f"expected application/json, got {content_type!r}")
-    body = await read_body(receive, headers, limit)
+    _check_length(headers, limit)
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if message.get("more_body", False) or message["type"] != "http.request" or len(body) > limit:
+        body = await _body_from(receive, message, limit)  # the general case, and its refusals
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
