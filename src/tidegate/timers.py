@@ -24,34 +24,26 @@ __all__ = ["SharedTimeouts", "timeout_after", "timeout_at"]
 _SLACK: Final = 1024
 
 
-class _Entry:
-    __slots__ = ("cancelling", "done", "expired", "task", "when")
-
-    def __init__(self, when: float, task: asyncio.Task[object]) -> None:
-        self.when = when
-        self.task = task
-        self.cancelling = task.cancelling()
-        self.done = False
-        self.expired = False
-
-
 class _Timeout:
-    """The async context manager :meth:`SharedTimeouts.after` returns."""
+    """One timeout: the async context manager :meth:`SharedTimeouts.at` returns, and, once
+    entered with a limit, its own entry in the loop's heap (one object a use, not two)."""
 
-    __slots__ = ("_entry", "_owner", "_task", "_when")
+    __slots__ = ("cancelling", "done", "expired", "owner", "task", "when")
 
     def __init__(
         self, owner: SharedTimeouts, when: float | None, task: asyncio.Task[object] | None = None
     ) -> None:
-        self._owner = owner
-        self._when = when
-        #: The task to cancel, when the maker knew it (else the one that enters the block).
-        self._task = task
-        self._entry: _Entry | None = None
+        self.owner = owner
+        self.when = when
+        #: The task to cancel: the maker's when it knew it, else the one that enters the block.
+        self.task = task
+        self.cancelling = 0
+        self.done = False
+        self.expired = False
 
     async def __aenter__(self) -> None:
-        if self._when is not None:
-            self._entry = self._owner.add(self._when, self._task)
+        if self.when is not None:
+            self.owner.add(self)
 
     async def __aexit__(
         self,
@@ -59,13 +51,13 @@ class _Timeout:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        entry = self._entry
-        if entry is None:  # no limit
+        if self.when is None:  # no limit
             return
-        self._owner.done(entry)
+        self.owner.done(self)
         if (
-            entry.expired
-            and entry.task.uncancel() <= entry.cancelling
+            self.expired
+            and self.task is not None
+            and self.task.uncancel() <= self.cancelling
             and exc_type is asyncio.CancelledError
         ):
             raise TimeoutError from exc
@@ -76,7 +68,7 @@ class SharedTimeouts:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._heap: list[tuple[float, int, _Entry]] = []
+        self._heap: list[tuple[float, int, _Timeout]] = []
         self._order = itertools.count()
         self._live = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -86,26 +78,29 @@ class SharedTimeouts:
         """``async with timeouts.at(when):`` cancels the block at loop time ``when`` (None: never)."""
         return _Timeout(self, when)
 
-    def add(self, when: float, task: asyncio.Task[object] | None = None) -> _Entry:
-        """Time ``task`` (the current one if not given) out at ``when``."""
+    def add(self, timeout: _Timeout) -> None:
+        """Start ``timeout`` (its ``when`` set): its task, the current one if it names none, is
+        cancelled at ``when`` unless the block ends first."""
+        task = timeout.task
         if task is None:
-            task = asyncio.current_task()
+            task = timeout.task = asyncio.current_task()
             if task is None:
                 raise RuntimeError("a timeout must be used inside a task")
-        entry = _Entry(when, task)
+        timeout.cancelling = task.cancelling()
+        when = timeout.when
+        assert when is not None
         heap = self._heap
         if len(heap) > 2 * self._live + _SLACK:
             heap[:] = [item for item in heap if not item[2].done]
             heapq.heapify(heap)
-        heapq.heappush(heap, (when, next(self._order), entry))
+        heapq.heappush(heap, (when, next(self._order), timeout))
         self._live += 1
         if when < self._timer_at:
             self._arm(when)
-        return entry
 
-    def done(self, entry: _Entry) -> None:
-        if not entry.done:
-            entry.done = True
+    def done(self, timeout: _Timeout) -> None:
+        if not timeout.done:
+            timeout.done = True
             self._live -= 1
 
     def __len__(self) -> int:
@@ -134,19 +129,27 @@ class SharedTimeouts:
             heapq.heappop(heap)
             entry.expired = True
             self.done(entry)
+            assert entry.task is not None  # set when it was added
             entry.task.cancel()
 
 
 _by_loop: dict[int, SharedTimeouts] = {}
+#: The timeouts asked for last (nearly always the one loop's): found without the dictionary.
+_last: SharedTimeouts | None = None
 
 
 def _shared(loop: asyncio.AbstractEventLoop) -> SharedTimeouts:
+    global _last
+    last = _last
+    if last is not None and last.loop is loop:
+        return last
     timeouts = _by_loop.get(id(loop))
     if timeouts is None or timeouts.loop is not loop:
         for key, other in list(_by_loop.items()):
             if other.loop.is_closed():
                 del _by_loop[key]
         timeouts = _by_loop[id(loop)] = SharedTimeouts(loop)
+    _last = timeouts
     return timeouts
 
 
