@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 from dataclasses import FrozenInstanceError, replace
@@ -318,6 +319,65 @@ def test_window_clear_forgets_everything() -> None:
     window.record(0.1, failed=True)
     window.clear()
     assert (window.totals(0.1), len(window)) == ((0, 0), 0)
+
+
+def _window_as_counted(
+    steps: list[tuple[str, float, bool]], *, window: float, buckets: int
+) -> list[tuple[int, int, int]]:
+    """``(calls, failures, entries)`` of a window after each step, by the plain rule.
+
+    A step at ``t`` is in bucket ``floor(t / width)``. ``totals``, and a ``record`` whose oldest
+    entry is stale, drop the stale entries (``bucket <= index - buckets``) from the front; a
+    ``record`` then counts into the last entry, started at the end unless it is its bucket's.
+    """
+    width = window / buckets
+    entries: list[list[int]] = []  # [bucket, calls, failures], in the order they were started
+    seen: list[tuple[int, int, int]] = []
+    for op, t, failed in steps:
+        index = math.floor(t / width)
+        if op == "clear":
+            entries.clear()
+        elif op == "totals" or (entries and entries[0][0] <= index - buckets):
+            while entries and entries[0][0] <= index - buckets:
+                entries.pop(0)
+        if op == "record":
+            if not entries or entries[-1][0] != index:
+                entries.append([index, 0, 0])
+            entries[-1][1] += 1
+            entries[-1][2] += failed
+        seen.append((sum(e[1] for e in entries), sum(e[2] for e in entries), len(entries)))
+    return seen
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["record", "record", "record", "totals", "clear"]),
+            st.floats(min_value=-50.0, max_value=50.0),
+            st.booleans(),
+        ),
+        max_size=60,
+    ),
+    st.integers(min_value=1, max_value=5),
+)
+def test_window_counts_every_call_still_inside_it(
+    steps: list[tuple[str, float, bool]], buckets: int
+) -> None:
+    """Records in any order of time (backwards too), with totals and clears between them, leave
+    the counts of the calls still in their buckets: the same call lands in the same bucket
+    whether it is the first of its bucket or not."""
+    window = FailureWindow(window=10.0, buckets=buckets)
+    expected = _window_as_counted(steps, window=10.0, buckets=buckets)
+    for (op, t, failed), (calls, failures, entries) in zip(steps, expected, strict=True):
+        if op == "record":
+            window.record(t, failed=failed)
+        elif op == "totals":
+            window.totals(t)
+        else:
+            window.clear()
+        # Totals long before every step drop nothing: they show what the window holds.
+        assert (*window.totals(-1e9), len(window)) == (calls, failures, entries)
 
 
 @pytest.mark.parametrize(

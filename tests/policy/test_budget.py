@@ -1,8 +1,9 @@
+import inspect
 import math
 import re
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 from hypothesis import given, settings
@@ -325,6 +326,44 @@ def test_quotas_and_costs_must_not_be_negative(field: str) -> None:
         amounts: dict[str, Any] = {field: bad}
         with pytest.raises(ValueError, match=field):
             Cost(**amounts)
+
+
+def test_cost_is_the_frozen_keyword_only_dataclass_it_declares() -> None:
+    """Cost's own __init__ gives what the generated one gives: the same signature, fields,
+    equality, hashing, repr and refusals, through replace() too."""
+    amount = Cost(calls=2, tokens=30, cost=0.5)
+    assert repr(amount) == "Cost(calls=2, tokens=30, cost=0.5)"
+    assert amount == Cost(calls=2, tokens=30, cost=0.5)
+    assert hash(amount) == hash(Cost(calls=2, tokens=30, cost=0.5))
+    assert amount != Cost(calls=2, tokens=30, cost=0.25)
+    assert [(f.name, f.default, f.kw_only) for f in fields(Cost)] == [
+        ("calls", 1, True),
+        ("tokens", 0, True),
+        ("cost", 0.0, True),
+    ]
+    parameters = inspect.signature(Cost).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in parameters] == [
+        ("calls", inspect.Parameter.KEYWORD_ONLY, 1),
+        ("tokens", inspect.Parameter.KEYWORD_ONLY, 0),
+        ("cost", inspect.Parameter.KEYWORD_ONLY, 0.0),
+    ]
+    assert get_type_hints(Cost.__init__) == {
+        "calls": int,
+        "tokens": int,
+        "cost": float,
+        "return": type(None),
+    }
+    assert replace(amount, tokens=31) == Cost(calls=2, tokens=31, cost=0.5)
+    with pytest.raises(ValueError, match="tokens"):
+        replace(amount, tokens=-1)
+    with pytest.raises(FrozenInstanceError):
+        amount.calls = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Cost(2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Cost(calls=None)  # type: ignore[arg-type]
+    assert not hasattr(amount, "__dict__")
+    assert Cost(calls=0, tokens=0, cost=0.0).calls == 0
 
 
 def test_defaults() -> None:

@@ -352,3 +352,48 @@ def test_kill_switch_refuses_a_bad_retry_after() -> None:
         check_answering(make(), retry_after=-1.0)
     with pytest.raises(ValueError, match="retry_after"):
         check_answering(make(), retry_after=math.inf)
+
+
+def test_check_answering_follows_every_change_of_the_mode() -> None:
+    """The mode check_answering reads is the flag's value after every set, restore and failed
+    restore, and is already the new one when on_change hears of a change."""
+    heard: list[KillSwitchMode | str] = []
+    flags = FlagSet(SPECS, ManualClock(), on_change=lambda _: heard.append(mode_of(flags)))
+
+    def mode_of(flags: FlagSet) -> KillSwitchMode | str:
+        try:
+            mode = check_answering(flags)
+        except Unavailable:
+            return "refused"
+        assert mode.value == flags.get_str(ANSWER_MODE)
+        return mode
+
+    assert mode_of(flags) is KillSwitchMode.FULL
+    flags.set("prompt.version", "v2", who="dana", why="fix wording")
+    flags.set(ANSWER_MODE, "degraded", who="oncall", why="outage")
+    assert heard == [KillSwitchMode.FULL, KillSwitchMode.DEGRADED]
+    flags.restore({"version": 1, "values": {ANSWER_MODE: "unavailable"}, "history": []})
+    assert mode_of(flags) == "refused"
+    with pytest.raises(ValueError, match=ANSWER_MODE):
+        flags.restore({"version": 1, "values": {ANSWER_MODE: "off"}, "history": []})
+    assert mode_of(flags) == "refused"
+    flags.restore({"version": 1, "values": {}, "history": []})
+    assert mode_of(flags) is KillSwitchMode.FULL
+
+
+@pytest.mark.parametrize("retry_after", [30, 30.0, 0.0, 45.5])
+def test_check_answering_takes_any_finite_retry_after(retry_after: float) -> None:
+    """Any finite hint >= 0 is taken, the default's value passed explicitly too."""
+    flags = make()
+    assert check_answering(flags, retry_after) is KillSwitchMode.FULL
+    flags.set(ANSWER_MODE, "unavailable", who="oncall", why="drill")
+    with pytest.raises(Unavailable) as caught:
+        check_answering(flags, retry_after=retry_after)
+    assert caught.value.retry_after == retry_after
+
+
+@pytest.mark.parametrize("retry_after", [math.nan, -0.5, "30", None])
+def test_check_answering_refuses_what_is_not_a_finite_number(retry_after: object) -> None:
+    """A hint that is not a finite number >= 0 is refused whatever the mode, naming the value."""
+    with pytest.raises(ValueError, match=re.escape(f"got {retry_after!r}")):
+        check_answering(make(), retry_after)  # type: ignore[arg-type]

@@ -288,6 +288,54 @@ def test_budget_never_grants_more_than_ratio_plus_floor_in_any_window(
                     assert in_window <= ratio * credit + floor * window
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    window_and_buckets=exact_windows,
+    ratio=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]),
+    floor=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
+    start=st.integers(-10_000, 10_000),
+    ops=budget_ops,
+)
+def test_budget_counts_each_try_in_the_slice_it_was_made_in(
+    window_and_buckets: tuple[float, int],
+    ratio: float,
+    floor: float,
+    start: int,
+    ops: list[tuple[str, int]],
+) -> None:
+    """The allowance is ``ratio`` times the first tries of the last ``buckets`` slices plus the
+    floor, less the retries of one slice more, exactly, however the tries and slices interleave."""
+    window, buckets = window_and_buckets
+    width = window / buckets
+    clock = ManualClock(start / 8)
+    budget = RetryBudget(
+        clock, ratio=ratio, min_retries_per_second=floor, window=window, buckets=buckets
+    )
+    firsts: list[int] = []  # the slice of each first try
+    granted: list[int] = []  # the slice of each granted retry
+
+    def allowance_and_spent() -> tuple[float, int]:
+        current = math.floor(clock.now() / width)
+        credit = sum(1 for s in firsts if current - buckets < s <= current)
+        spent = sum(1 for s in granted if current - buckets <= s <= current)
+        return ratio * credit + floor * window, spent
+
+    for op, amount in ops:
+        if op == "advance":
+            clock.advance(amount / 8)
+        for _ in range(amount if op != "advance" else 0):
+            if op == "first":
+                budget.record_first_try()
+                firsts.append(math.floor(clock.now() / width))
+            else:
+                allowance, spent = allowance_and_spent()
+                assert budget.try_spend() is (spent + 1 <= allowance)
+                if spent + 1 <= allowance:
+                    granted.append(math.floor(clock.now() / width))
+        allowance, spent = allowance_and_spent()
+        assert budget.available() == max(0.0, allowance - spent)
+
+
 def planner(policy: RetryPolicy | None = None, **kwargs: Any) -> RetryPlanner:
     return RetryPlanner(policy or RetryPolicy(), rng=random.Random(3), **kwargs)
 
@@ -412,6 +460,30 @@ def test_per_try_must_be_positive(per_try: float) -> None:
     """A per-try timeout of zero or less is a configuration mistake and is refused."""
     with pytest.raises(ValueError, match="per_try"):
         planner().start(Deadline.after(ManualClock(0.0), 5.0), per_try)
+
+
+@pytest.mark.parametrize("per_try", [0.0, -1.0, math.nan])
+def test_the_async_call_refuses_a_bad_per_try_as_the_planner_does(per_try: float) -> None:
+    """The async call checks the first attempt itself, with the planner's error and message."""
+    deadline = Deadline.after(ManualClock(0.0), 5.0)
+    with pytest.raises(ValueError) as planned:
+        planner().start(deadline, per_try)
+    called: list[float] = []
+
+    async def fn(limit: float) -> None:
+        called.append(limit)
+
+    async def sleep(seconds: float) -> None:
+        del seconds
+
+    with pytest.raises(ValueError) as refused:
+        asyncio.run(
+            acall_with_deadline(
+                fn, deadline, RetryPolicy(), per_try=per_try, sleep=sleep, rng=random.Random(0)
+            )
+        )
+    assert str(refused.value) == str(planned.value)
+    assert called == []
 
 
 @dataclass

@@ -418,6 +418,22 @@ def test_describe_attempts_of_nothing_is_empty() -> None:
     assert describe_attempts([]) == ""
 
 
+def test_describe_attempts_is_the_same_the_first_time_and_after() -> None:
+    """A header written from entries already seen matches the one written afresh, from lists,
+    generators or tuples alike, and a bad name is refused again, never remembered."""
+    tried = [("first-seen", K.TIMEOUT), ("first-seen", None), ("other", SkipReason.DATA_CLASS)]
+    skipped = [Skip("late", SkipReason.NOT_APPROVED)]
+    expected = (
+        "first-seen=timeout, first-seen=ok, other=skipped:data_class, late=skipped:not_approved"
+    )
+    assert describe_attempts(tried, skipped) == expected
+    assert describe_attempts(iter(tried), (s for s in skipped)) == expected
+    assert describe_attempts([list(t) for t in tried], tuple(skipped)) == expected  # type: ignore[misc]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="provider name"):
+            describe_attempts(tried, [Skip("bad name", SkipReason.BREAKER_OPEN)])
+
+
 def test_describe_attempts_refuses_names_that_break_the_format() -> None:
     """A name holding a separator would make the header ambiguous, so it is refused."""
     with pytest.raises(ValueError, match="provider name"):

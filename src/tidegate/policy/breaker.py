@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 _POLICY: Final = "breaker"
+_floor: Final = math.floor
 
 
 class BreakerState(StrEnum):
@@ -311,39 +312,49 @@ class BreakerSnapshot:
 class FailureWindow:
     """Calls and failures over the last ``window`` seconds, in a fixed number of time buckets."""
 
-    __slots__ = ("_buckets", "_count", "_width")
+    __slots__ = ("_buckets", "_count", "_newest", "_width")
 
     def __init__(self, *, window: float, buckets: int) -> None:
         self._count = buckets
         self._width = window / buckets
         # Each entry is [bucket index, calls, failures], oldest first; at most ``buckets`` long.
         self._buckets: deque[list[int]] = deque()
+        #: The last entry of ``_buckets`` (``None`` while it is empty). Another record into it
+        #: needs no eviction: the record that started it evicted for the same index, and entries
+        #: have only been removed since (an entry added after it would be the last).
+        self._newest: list[int] | None = None
 
     def _evict(self, index: int) -> None:
         while self._buckets and self._buckets[0][0] <= index - self._count:
             self._buckets.popleft()
+        if not self._buckets:
+            self._newest = None
 
     def record(self, now: float, *, failed: bool) -> None:
         """Count one call that ended at ``now``."""
-        index = math.floor(now / self._width)
-        buckets = self._buckets
-        if buckets and buckets[0][0] <= index - self._count:
-            self._evict(index)
-        if not buckets or buckets[-1][0] != index:
-            buckets.append([index, 0, 0])
-        bucket = buckets[-1]
+        index = _floor(now / self._width)
+        bucket = self._newest
+        if bucket is None or bucket[0] != index:
+            # Another bucket than the last call's: evict what fell out, start the bucket.
+            buckets = self._buckets
+            if buckets and buckets[0][0] <= index - self._count:
+                self._evict(index)
+            if not buckets or buckets[-1][0] != index:
+                buckets.append([index, 0, 0])
+            bucket = self._newest = buckets[-1]
         bucket[1] += 1
         if failed:
             bucket[2] += 1
 
     def totals(self, now: float) -> tuple[int, int]:
         """``(calls, failures)`` still inside the window at ``now``."""
-        self._evict(math.floor(now / self._width))
+        self._evict(_floor(now / self._width))
         return sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets)
 
     def clear(self) -> None:
         """Forget every call."""
         self._buckets.clear()
+        self._newest = None
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -406,12 +417,16 @@ class Permit:
 
     def success(self) -> bool:
         """The provider answered; returns whether the breaker counted it."""
-        self._settle()
+        if self._settled:  # _settle(), inlined: every answered call comes here
+            raise PermitAlreadyUsed(f"permit {self.serial} was already settled")
+        self._settled = True
         return self._breaker._verdict(self, failed=False)
 
     def failure(self) -> bool:
         """The provider failed (timeout, 5xx, overload); returns whether the breaker counted it."""
-        self._settle()
+        if self._settled:  # _settle(), inlined, as in success()
+            raise PermitAlreadyUsed(f"permit {self.serial} was already settled")
+        self._settled = True
         return self._breaker._verdict(self, failed=True)
 
     def release(self) -> None:
@@ -474,6 +489,8 @@ class CircuitBreaker:
 
     def would_admit(self) -> bool:
         """Whether :meth:`acquire` would grant a permit now; changes nothing, emits nothing."""
+        if self._state is _CLOSED:  # no half-open time, no probe lease: _wait() is 0.0 at any time
+            return True
         return self._wait(self._clock.now()) == 0.0
 
     def retry_after(self) -> float:
@@ -505,12 +522,13 @@ class CircuitBreaker:
         ``deadline_at`` (clock time) ends a half-open probe's lease; without it the lease lasts
         ``probe_timeout``. It does not matter for an ordinary closed-state call.
         """
-        now = self._clock.now()
-        if self._state is _CLOSED:  # nothing comes due with time in the closed state
+        # Nothing comes due with time in the closed state: the clock is not even read.
+        if self._state is _CLOSED:
             self._serial += 1
             return Permit(
                 self, generation=self._generation, serial=self._serial, lease_ends_at=None
             )
+        now = self._clock.now()
         self._catch_up(now)
         if self._state is _HALF_OPEN and self._probe_serial is None:
             lease_ends_at = now + self.options.probe_timeout if deadline_at is None else deadline_at
@@ -596,18 +614,13 @@ class CircuitBreaker:
         now = self._clock.now()
         if self._state is not _CLOSED:
             self._catch_up(now)
-        if not self._is_current(permit):
-            self._emit(
-                StaleVerdictIgnored(
-                    name=self.name,
-                    at=now,
-                    verdict="failure" if failed else "success",
-                    permit_generation=permit.generation,
-                    generation=self._generation,
-                )
-            )
-            return False
+        # The checks of _is_current(), inlined (every settled call comes here): a permit of an
+        # earlier generation, or a probe whose lease lapsed, no longer counts.
+        if permit._generation != self._generation:
+            return self._ignore(permit, now, failed=failed)
         if permit._lease_ends_at is not None:  # the probe
+            if permit._serial != self._probe_serial:
+                return self._ignore(permit, now, failed=failed)
             if failed:
                 self._open(now, OpenReason.PROBE_FAILED)
             else:
@@ -631,6 +644,19 @@ class CircuitBreaker:
         ):
             self._open(now, OpenReason.FAILURE_RATE)
         return True
+
+    def _ignore(self, permit: Permit, now: float, *, failed: bool) -> bool:
+        """A verdict from a permit that no longer counts: reported, and otherwise ignored."""
+        self._emit(
+            StaleVerdictIgnored(
+                name=self.name,
+                at=now,
+                verdict="failure" if failed else "success",
+                permit_generation=permit.generation,
+                generation=self._generation,
+            )
+        )
+        return False
 
     def _release(self, permit: Permit) -> None:
         now = self._clock.now()

@@ -48,6 +48,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from tidegate.clock import Clock
 from tidegate.errors import BudgetExceeded
@@ -82,6 +83,8 @@ DAY_SECONDS = 86_400
 
 
 _INF = math.inf
+#: How a frozen dataclass sets its own fields (its __setattr__ refuses).
+_set_field: Final = object.__setattr__
 
 
 def _non_negative(value: float | None, name: str) -> None:
@@ -122,7 +125,7 @@ class Quota:
         _non_negative(self.cost, "cost")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Cost:
     """An amount on every dimension: an estimate to reserve, or what a call actually spent."""
 
@@ -130,14 +133,19 @@ class Cost:
     tokens: int = 0
     cost: float = 0.0
 
-    def __post_init__(self) -> None:
-        # Built several times for every request: one chained comparison decides the usual case
-        # (NaN and infinity fail it too), and the checks naming the bad field run only then.
-        if 0 <= self.calls < _INF and 0 <= self.tokens < _INF and 0 <= self.cost < _INF:
-            return
-        _non_negative(self.calls, "calls")
-        _non_negative(self.tokens, "tokens")
-        _non_negative(self.cost, "cost")
+    # Written out instead of generated: a Cost is built several times for every request, and
+    # this is the generated __init__ with its __post_init__ inlined (same signature, checks and
+    # fields), setting each field through a module constant for object.__setattr__.
+    def __init__(self, *, calls: int = 1, tokens: int = 0, cost: float = 0.0) -> None:
+        # One chained comparison decides the usual case (NaN and infinity fail it too), and the
+        # checks naming the bad field run only then.
+        if not (0 <= calls < _INF and 0 <= tokens < _INF and 0 <= cost < _INF):
+            _non_negative(calls, "calls")
+            _non_negative(tokens, "tokens")
+            _non_negative(cost, "cost")
+        _set_field(self, "calls", calls)
+        _set_field(self, "tokens", tokens)
+        _set_field(self, "cost", cost)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -85,7 +85,10 @@ class KillSwitchMode(StrEnum):
 
 
 _MODES: Final = {mode.value: mode for mode in KillSwitchMode}
+_UNAVAILABLE: Final = KillSwitchMode.UNAVAILABLE
 _REAL: Final = (int, float)
+#: :func:`check_answering`'s default ``retry_after``; passed as this very object, it needs no check.
+_RETRY_AFTER: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +202,15 @@ class FlagSet:
     not erase each other's flags. ``on_change`` is called with each new :class:`AuditEntry`.
     """
 
-    __slots__ = ("_clock", "_foreign", "_history", "_on_change", "_specs", "_values")
+    __slots__ = (
+        "_answer_mode",
+        "_clock",
+        "_foreign",
+        "_history",
+        "_on_change",
+        "_specs",
+        "_values",
+    )
 
     def __init__(
         self,
@@ -223,11 +234,18 @@ class FlagSet:
         self._values: dict[str, FlagValue] = {}
         self._foreign: dict[str, FlagValue] = {}
         self._history: list[AuditEntry] = []
+        #: The kill switch's mode, kept in step with ``_values`` (every request reads it).
+        self._answer_mode = self._read_answer_mode()
 
     @property
     def specs(self) -> Mapping[str, FlagSpec]:
         """Every flag this set knows, built-ins included, by name."""
         return dict(self._specs)
+
+    def _read_answer_mode(self) -> KillSwitchMode:
+        """The kill switch's value as a mode (the enum's call raises for a value it lacks)."""
+        value = self.get_str(ANSWER_MODE)
+        return _MODES.get(value) or KillSwitchMode(value)
 
     def _spec(self, name: str) -> FlagSpec:
         try:
@@ -282,6 +300,8 @@ class FlagSet:
                 raise ValueError(f"setting flag {name!r} needs a non-empty {field}")
         entry = AuditEntry(name, self.get(name), new, who, why, self._clock.wall())
         self._values[name] = new
+        if name == ANSWER_MODE:
+            self._answer_mode = self._read_answer_mode()
         self._history.append(entry)
         if self._on_change is not None:
             self._on_change(entry)
@@ -333,22 +353,25 @@ class FlagSet:
                 raise ValueError(f"flag snapshot history holds a non-object: {item!r}")
             history.append(AuditEntry.from_json(item))
         self._values, self._foreign, self._history = values, foreign, history
+        self._answer_mode = self._read_answer_mode()
 
     def __repr__(self) -> str:
         return f"FlagSet({sorted(self._specs)!r})"
 
 
-def check_answering(flags: FlagSet, retry_after: float = 30.0) -> KillSwitchMode:
+def check_answering(flags: FlagSet, retry_after: float = _RETRY_AFTER) -> KillSwitchMode:
     """The current answer mode; raises :class:`~tidegate.errors.Unavailable` when it is off.
 
     ``retry_after`` (seconds) is the hint the 503 carries: how soon it is worth asking again.
     """
-    if not isinstance(retry_after, _REAL) or not math.isfinite(retry_after) or retry_after < 0:
+    if retry_after is not _RETRY_AFTER and (  # the default (every request's) is a valid one
+        not isinstance(retry_after, _REAL) or not math.isfinite(retry_after) or retry_after < 0
+    ):
         raise ValueError(f"retry_after must be a finite number >= 0, got {retry_after!r}")
-    value = flags.get_str(ANSWER_MODE)
-    # Asked on every request: a dictionary lookup, not the enum's call (which raises as before).
-    mode = _MODES.get(value) or KillSwitchMode(value)
-    if mode is KillSwitchMode.UNAVAILABLE:
+    # Asked on every request: the mode the flag set keeps with its values, which is what
+    # flags.get_str(ANSWER_MODE) holds, as a KillSwitchMode.
+    mode = flags._answer_mode
+    if mode is _UNAVAILABLE:
         raise Unavailable(
             f"answering is switched off ({ANSWER_MODE}={mode.value})",
             policy="flags",

@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 _POLICY: Final = "retry"
+_floor: Final = math.floor
+_isnan: Final = math.isnan
 T = TypeVar("T")
 
 
@@ -208,6 +210,7 @@ class RetryBudget:
         "_min_retries_per_second",
         "_ratio",
         "_retries",
+        "_slot",
         "_width",
         "_window",
     )
@@ -237,6 +240,8 @@ class RetryBudget:
         self._firsts = [0] * (buckets + 1)
         self._retries = [0] * (buckets + 1)
         self._current = self._index(clock.now())
+        #: ``_current``'s slot in the ring: where its first tries and retries are counted.
+        self._slot = self._current % (buckets + 1)
 
     @property
     def ratio(self) -> float:
@@ -254,20 +259,24 @@ class RetryBudget:
         return self._window
 
     def _index(self, now: float) -> int:
-        return math.floor(now / self._width)
+        return _floor(now / self._width)
 
     def _roll(self) -> int:
         """Clear the slices that fell out of the ring since the last call; the current slot."""
-        size = len(self._firsts)
         index = self._index(self._clock.now())
         if index > self._current:
-            for stale in range(
-                self._current + 1, self._current + 1 + min(index - self._current, size)
-            ):
-                self._firsts[stale % size] = 0
-                self._retries[stale % size] = 0
-            self._current = index
-        return self._current % size
+            self._advance(index)
+        return self._slot
+
+    def _advance(self, index: int) -> None:
+        """Make slice ``index`` (later than the current one) current, clearing the slots of the
+        slices that fell out of the ring on the way."""
+        size = len(self._firsts)
+        for stale in range(self._current + 1, self._current + 1 + min(index - self._current, size)):
+            self._firsts[stale % size] = 0
+            self._retries[stale % size] = 0
+        self._current = index
+        self._slot = index % size
 
     def _allowance_and_spent(self) -> tuple[float, int]:
         slot = self._roll()
@@ -278,7 +287,11 @@ class RetryBudget:
 
     def record_first_try(self) -> None:
         """Count one first try (not a retry); each adds ``ratio`` to the allowance."""
-        self._firsts[self._roll()] += 1
+        # _roll(), inlined: every request counts one, and its slice is nearly always current.
+        index = _floor(self._clock.now() / self._width)
+        if index > self._current:
+            self._advance(index)
+        self._firsts[self._slot] += 1
 
     def try_spend(self) -> bool:
         """Take one retry from the budget if it allows one; ``True`` means it was taken.
@@ -287,7 +300,7 @@ class RetryBudget:
         """
         allowance, spent = self._allowance_and_spent()
         if spent + 1 <= allowance:
-            self._retries[self._current % len(self._retries)] += 1
+            self._retries[self._slot] += 1
             return True
         return False
 
@@ -461,8 +474,12 @@ def _attempt_timeout(policy: RetryPolicy, deadline: Deadline, per_try: float) ->
 
 
 def _check_per_try(per_try: float) -> None:
-    if math.isnan(per_try) or per_try <= 0:
-        raise ValueError(f"per_try must be > 0 seconds, got {per_try!r}")
+    if _isnan(per_try) or per_try <= 0:
+        raise _bad_per_try(per_try)
+
+
+def _bad_per_try(per_try: float) -> ValueError:
+    return ValueError(f"per_try must be > 0 seconds, got {per_try!r}")
 
 
 def _ignore(event: RetryEvent) -> None:
@@ -579,17 +596,19 @@ async def acall_with_deadline(
 
     Cancellation is not an error to retry: it propagates at once.
     """
-    # The first attempt starts as the planner starts one, without building the planner: most
-    # calls succeed at once and never need one.
-    first = _attempt_timeout(policy, deadline, per_try)
-    if first is None:
+    # The first attempt starts as the planner starts one (_attempt_timeout(), inlined), without
+    # building the planner: most calls succeed at once and never need one.
+    if _isnan(per_try) or per_try <= 0:
+        raise _bad_per_try(per_try)
+    remaining = deadline.remaining()
+    if remaining <= policy.min_attempt:
         planner = RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on)
         _Run(planner, deadline, per_try, on_event).begin()  # raises, with its event
         raise AssertionError("unreachable: no attempt can start")
     if budget is not None:
         budget.record_first_try()
     try:
-        return await fn(first)
+        return await fn(min(per_try, remaining))
     except Exception as error:
         planner = RetryPlanner(policy, rng=rng, budget=budget, retry_on=retry_on)
         run = _Run(planner, deadline, per_try, on_event)

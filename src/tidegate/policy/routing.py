@@ -331,8 +331,12 @@ def describe_attempts(
     breaker opened after the plan was made). Example:
     ``primary=timeout, fallback=ok, other=skipped:breaker_open``. Nothing tried is ``""``.
     """
-    entries = [_entry(name, outcome) for name, outcome in tried]
-    entries += [_entry(skip.name, skip.reason) for skip in skipped]
+    # Each entry is looked up here first (an entry is never empty): only a pair not written
+    # yet costs the call to _entry().
+    entries = [_ENTRIES.get((name, outcome)) or _entry(name, outcome) for name, outcome in tried]
+    for skip in skipped:  # usually none: a loop, not a second list to add
+        name, reason = skip.name, skip.reason
+        entries.append(_ENTRIES.get((name, reason)) or _entry(name, reason))
     return ", ".join(entries)
 
 
