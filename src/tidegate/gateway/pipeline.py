@@ -1063,9 +1063,11 @@ async def _lead(
             choice.get("finish_reason"),
             str((choice.get("message") or {}).get("content") or ""),
         )
-    ex.usage = _usage_of(answer, body, text_chars)
-    answer["usage"] = {**(answer.get("usage") or {}), **ex.usage}
-    ex.cost = price(rt, served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
+    ex.usage = usage = _usage_of(answer, body, text_chars)
+    given = answer.get("usage")
+    if given != usage:  # the provider's usage, completed with ours (usually it already is)
+        answer["usage"] = {**(given or {}), **usage}
+    ex.cost = price(rt, served_model, usage["prompt_tokens"], usage["completion_tokens"])
     _account(rt, ex)
     payload = orjson.dumps(answer)
     if cacheable and spec.name == route.specs[0].name:
@@ -1080,9 +1082,10 @@ async def _lead(
 
 def _account(rt: Runtime, ex: Exchange) -> None:
     spend, prompt, completion = rt.metrics.model_children(ex.served_model)
+    usage = ex.usage
     spend.inc(ex.cost)
-    prompt.inc(ex.usage.get("prompt_tokens", 0))
-    completion.inc(ex.usage.get("completion_tokens", 0))
+    prompt.inc(usage.get("prompt_tokens", 0))
+    completion.inc(usage.get("completion_tokens", 0))
 
 
 async def _stream_answer(
