@@ -520,18 +520,20 @@ class _Completion:
         return spec, answer
 
 
-async def call_route(
+def call_route(
     rt: Runtime,
     ex: Exchange,
     route: Route,
     body: dict[str, Any],
     deadline: Deadline,
     plan: RoutePlan,
-) -> tuple[ProviderSpec, dict[str, Any]]:
-    """One non-streaming answer: retries on a provider, then failover down the plan."""
-    return await _failover(
-        rt, ex, route, deadline, plan, functools.partial(_Completion, rt, ex, body)
-    )
+) -> Awaitable[tuple[ProviderSpec, dict[str, Any]]]:
+    """One non-streaming answer, to await: retries on a provider, then failover down the plan.
+
+    A plain function returning the failover's coroutine: one coroutine level fewer for every
+    suspension of the upstream call to pass through.
+    """
+    return _failover(rt, ex, route, deadline, plan, functools.partial(_Completion, rt, ex, body))
 
 
 @dataclass
