@@ -17,10 +17,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from tidegate.clock import Clock
 
 __all__ = ["Deadline", "Layer", "chain_problems"]
+
+
+#: How a frozen dataclass sets its own fields.
+_set_field: Final = object.__setattr__
 
 
 def _check_seconds(field: str, value: float) -> None:
@@ -28,7 +33,7 @@ def _check_seconds(field: str, value: float) -> None:
         raise ValueError(f"{field} must be a number of seconds >= 0, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Deadline:
     """An absolute, immutable instant ``at`` on ``clock`` by which the work must be done.
 
@@ -39,9 +44,14 @@ class Deadline:
     clock: Clock
     at: float
 
-    def __post_init__(self) -> None:
-        if math.isnan(self.at):
+    # Written out instead of generated (one is made for every request): the generated __init__
+    # with its check inlined, setting each field through a module constant for
+    # object.__setattr__ (a frozen dataclass's own __setattr__ refuses).
+    def __init__(self, clock: Clock, at: float) -> None:
+        if math.isnan(at):
             raise ValueError("at must be an instant in seconds, got nan")
+        _set_field(self, "clock", clock)
+        _set_field(self, "at", at)
 
     @classmethod
     def after(cls, clock: Clock, seconds: float) -> Deadline:
