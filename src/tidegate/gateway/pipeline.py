@@ -237,24 +237,18 @@ def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -
 
 
 async def apply_rate_limits(rt: Runtime, identity: Identity) -> None:
-    options = rt.user_bucket
-    if options is not None:
-        key = identity.user_bucket
+    for options, key, name in (
+        (rt.user_bucket, identity.user_bucket, "per-user"),
+        (rt.tenant_bucket, identity.tenant_bucket, "per-tenant"),
+    ):
+        if options is None:
+            continue
         try:
             result = await rt.stores.buckets.take(key, options)
         except StoreError as exc:
             result = await rt.take_failing_open(key, options, exc)
         if not result.allowed:
-            raise _rate_limited(options, result, "per-user")
-    options = rt.tenant_bucket
-    if options is not None:
-        key = identity.tenant_bucket
-        try:
-            result = await rt.stores.buckets.take(key, options)
-        except StoreError as exc:
-            result = await rt.take_failing_open(key, options, exc)
-        if not result.allowed:
-            raise _rate_limited(options, result, "per-tenant")
+            raise _rate_limited(options, result, name)
 
 
 def _rate_limited(options: BucketOptions, result: TakeResult, name: str) -> RateLimited:
@@ -395,7 +389,7 @@ async def _failover(
     """
     queue = [only] if only is not None else list(plan.candidates)
     last: ProviderError | None = None
-    retry_on = rt.retry_on()
+    retry_on = rt.retry_on
     while queue:
         spec = queue.pop(0)
         try:

@@ -221,11 +221,10 @@ class Runtime:
     default_max_tokens: int = field(init=False, repr=False)
     #: No keys file is configured (dev): a request without keys is anonymous while no key exists.
     no_keys_file: bool = field(init=False, repr=False)
+    #: The routing rule the retry planner asks: ``retry_same`` with :attr:`failover`.
+    retry_on: Callable[[ProviderError], bool] = field(init=False, repr=False)
     #: Per-provider handlers of the retry planner's events (see ``pipeline._failover``).
     retry_events: dict[str, Callable[[Any], None]] = field(default_factory=dict, repr=False)
-    _retry_on_memo: tuple[FailoverOptions, Callable[[ProviderError], bool]] | None = field(
-        default=None, repr=False
-    )
 
     def __post_init__(self) -> None:
         config = self.config
@@ -233,20 +232,13 @@ class Runtime:
         self.request_timeout_s = config.server.request_timeout_s
         self.cache_enabled = config.cache.enabled
         self.no_keys_file = config.auth.keys_file is None
+        self.retry_on = functools.partial(retry_same, options=self.failover)
         self.model_ids = {name: cfg.model for name, cfg in self.provider_configs.items()}
         self.prices_per_1k = {
             model: (price.input_per_1k, price.output_per_1k) for model, price in self.prices.items()
         }
         budgets = config.budgets
         self.default_max_tokens = budgets.default_max_tokens if budgets is not None else 0
-
-    def retry_on(self) -> Callable[[ProviderError], bool]:
-        """The routing rule the retry planner asks (``retry_same`` with :attr:`failover`)."""
-        memo = self._retry_on_memo
-        if memo is None or memo[0] is not self.failover:
-            rule = functools.partial(retry_same, options=self.failover)
-            memo = self._retry_on_memo = (self.failover, rule)
-        return memo[1]
 
     def approved_fallbacks(self) -> frozenset[str]:
         """Providers approved as automatic fallbacks, less those the eval gate blocks.
