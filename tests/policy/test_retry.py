@@ -248,14 +248,21 @@ budget_ops = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    window_and_buckets=exact_windows,
-    ratio=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]),
-    floor=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
-    start=st.integers(0, 10_000),
-    ops=budget_ops,
-)
+def budget_runs(*, starts: st.SearchStrategy[int]) -> Callable[[Callable[..., None]], Any]:
+    """The retry-budget runs both model tests draw: a window, a ratio, a floor, a start (in
+    eighths of a second, from ``starts``) and the operations."""
+    return lambda test: settings(max_examples=300, deadline=None)(
+        given(
+            window_and_buckets=exact_windows,
+            ratio=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]),
+            floor=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
+            start=starts,
+            ops=budget_ops,
+        )(test)
+    )
+
+
+@budget_runs(starts=st.integers(0, 10_000))
 def test_budget_never_grants_more_than_ratio_plus_floor_in_any_window(
     window_and_buckets: tuple[float, int],
     ratio: float,
@@ -288,14 +295,7 @@ def test_budget_never_grants_more_than_ratio_plus_floor_in_any_window(
                     assert in_window <= ratio * credit + floor * window
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    window_and_buckets=exact_windows,
-    ratio=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]),
-    floor=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
-    start=st.integers(-10_000, 10_000),
-    ops=budget_ops,
-)
+@budget_runs(starts=st.integers(-10_000, 10_000))
 def test_budget_counts_each_try_in_the_slice_it_was_made_in(
     window_and_buckets: tuple[float, int],
     ratio: float,
