@@ -22,10 +22,11 @@ from tidegate.policy.budget import (
     day_number,
     rollover,
 )
+from tidegate.policy.budget import rebase as budget_rebase
 from tidegate.policy.budget import refund as budget_refund
 from tidegate.policy.budget import reserve as budget_reserve
 from tidegate.policy.budget import settle as budget_settle
-from tidegate.policy.ratelimit import BucketOptions, BucketState, full_bucket, take
+from tidegate.policy.ratelimit import BucketOptions, BucketState, full_bucket, give_back, take
 from tidegate.state.actions import (
     ActionAlreadyDecided,
     ActionExpired,
@@ -182,6 +183,45 @@ async def test_budget_settles_and_refunds_once(backend: Backend) -> None:
     assert not await backend.quotas.refund(reservation)
     usage = await backend.quotas.usage("u")
     assert (usage.calls, usage.tokens, usage.reserved_tokens) == (0, 0, 0)
+
+
+async def test_tokens_given_back_refill_the_bucket_up_to_its_burst(backend: Backend) -> None:
+    """Tokens given back are takeable again, but never fill the bucket past its burst."""
+    assert all([(await backend.buckets.take("u", BUCKET)).allowed for _ in range(3)])
+    await backend.buckets.give_back("u", BUCKET, 2.0)
+    results = [await backend.buckets.take("u", BUCKET) for _ in range(3)]
+    assert [r.allowed for r in results] == [True, True, False]
+    await backend.buckets.give_back("u", BUCKET, 10.0)
+    assert sum([(await backend.buckets.take("u", BUCKET)).allowed for _ in range(5)]) == 3
+
+
+async def test_a_rebase_settles_the_use_and_keeps_the_rest_open(backend: Backend) -> None:
+    """A rebase records the use at once and leaves the reservation open for the amount kept,
+    which then closes exactly once; a reservation that is not open cannot be rebased."""
+    reservation, _ = await backend.quotas.reserve("u", QUOTA, Cost(calls=4, tokens=400))
+    assert reservation is not None
+    kept = await backend.quotas.rebase(
+        reservation, Cost(calls=3, tokens=250), Cost(calls=1, tokens=100)
+    )
+    assert kept is not None
+    assert (kept.id, kept.amount) == (reservation.id, Cost(calls=1, tokens=100))
+    usage = await backend.quotas.usage("u")
+    assert (usage.calls, usage.tokens, usage.reserved_calls, usage.reserved_tokens) == (
+        3,
+        250,
+        1,
+        100,
+    )
+    assert await backend.quotas.settle(kept, Cost(calls=1, tokens=90))
+    assert not await backend.quotas.refund(kept)
+    assert await backend.quotas.rebase(kept, Cost(calls=1), Cost(calls=0)) is None
+    usage = await backend.quotas.usage("u")
+    assert (usage.calls, usage.tokens, usage.reserved_calls, usage.reserved_tokens) == (
+        4,
+        340,
+        0,
+        0,
+    )
 
 
 async def test_budget_resets_on_a_new_day(backend: Backend) -> None:
@@ -386,6 +426,7 @@ _bucket_steps = st.lists(
     st.tuples(
         st.floats(min_value=0.0, max_value=5.0, allow_nan=False),
         st.floats(min_value=0.0, max_value=4.0, allow_nan=False),
+        st.booleans(),
     ),
     min_size=1,
     max_size=12,
@@ -401,22 +442,27 @@ _bucket_steps = st.lists(
     steps=_bucket_steps,
 )
 async def test_buckets_repeat_the_policy_arithmetic_exactly(
-    backend: Backend, rate: float, burst: float, steps: list[tuple[float, float]]
+    backend: Backend, rate: float, burst: float, steps: list[tuple[float, float, bool]]
 ) -> None:
-    """Every take agrees bit for bit with ratelimit.take on the same state and clock."""
+    """Every take and give-back agrees bit for bit with ratelimit.take and give_back on the same
+    state and clock (a give-back is checked by the take that follows it)."""
     options = BucketOptions(rate=rate, burst=burst)
     key = f"prop-{next(_keys)}"
     state: BucketState | None = None
-    for advance, n in steps:
+    for advance, n, giving in steps:
         backend.clock.advance(advance)
         now = backend.clock.wall()
+        if giving:
+            state = give_back(state or full_bucket(options, now), options, now, n)
+            await backend.buckets.give_back(key, options, n)
+            continue
         state, expected = take(state or full_bucket(options, now), options, now, n)
         assert await backend.buckets.take(key, options, n) == expected
 
 
 _budget_steps = st.lists(
     st.tuples(
-        st.sampled_from(["reserve", "settle", "refund"]),
+        st.sampled_from(["reserve", "settle", "refund", "rebase"]),
         st.floats(min_value=0.0, max_value=40_000.0, allow_nan=False),
         st.integers(min_value=0, max_value=3),
         st.integers(min_value=0, max_value=400),
@@ -445,7 +491,8 @@ async def test_budgets_repeat_the_policy_arithmetic_exactly(
     degrade_at: float,
     steps: list[tuple[str, float, int, int, float]],
 ) -> None:
-    """Reserve, settle and refund agree exactly with the pure budget functions, across midnights."""
+    """Reserve, settle, refund and rebase agree exactly with the pure budget functions, across
+    midnights."""
     options = BudgetOptions(
         quota=Quota(calls=calls, tokens=tokens, cost=cost), degrade_at=degrade_at
     )
@@ -467,7 +514,16 @@ async def test_budgets_repeat_the_policy_arithmetic_exactly(
                 open_.append(reservation)
         else:
             reservation = open_.pop(0)
-            if op == "settle":
+            if op == "rebase":
+                keep = Cost(calls=n_calls // 2, tokens=n_tokens // 2, cost=amount / 2)
+                usage = budget_rebase(usage, reservation, spend, keep)
+                kept = await backend.quotas.rebase(reservation, spend, keep)
+                closed = kept is not None
+                if kept is not None:
+                    assert replace(kept, amount=reservation.amount) == reservation
+                    assert kept.amount == keep
+                    open_.append(kept)
+            elif op == "settle":
                 usage = budget_settle(usage, reservation, spend)
                 closed = await backend.quotas.settle(reservation, spend)
             else:

@@ -413,11 +413,12 @@ async def build_runtime(
         )
     leases = config.state.leases
     if leases.max_chunk > 1:
+        max_chunk, hold_s, wait_s = leases.max_chunk, leases.hold_s, config.state.timeout_s
         stores.buckets = LeasedBuckets(
-            stores.buckets, clock, max_chunk=leases.max_chunk, hold_s=leases.hold_s
+            stores.buckets, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
         )
         stores.quotas = LeasedQuotas(
-            stores.quotas, clock, max_chunk=leases.max_chunk, hold_s=leases.hold_s
+            stores.quotas, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
         )
     if providers is None:
         if session is None:
@@ -559,15 +560,19 @@ def flag_specs(config: Config) -> list[FlagSpec]:
 
 
 async def expire_leases(runtime: Runtime, *, flush: bool = False) -> None:
-    """Settle the budget leases whose time is up (with ``flush``, all of them) in the store."""
-    quotas = runtime.stores.quotas
-    if not isinstance(quotas, LeasedQuotas):
-        return
-    try:
-        await (quotas.flush() if flush else quotas.expire())
-    except StoreError as exc:  # the leases stay reserved in the store: it errs toward refusing
-        runtime.metrics.store_errors.labels("quotas", "settle_lost").inc()
-        log.warning("lease_settle_failed", error=str(exc))
+    """Tell the store what the leases whose time is up used, and give back what they hold
+    unused (with ``flush``, every lease): budget leases settle, token leases return tokens."""
+    for store, leased in (
+        ("quotas", runtime.stores.quotas),
+        ("buckets", runtime.stores.buckets),
+    ):
+        if not isinstance(leased, LeasedQuotas | LeasedBuckets):
+            continue
+        try:
+            await (leased.flush() if flush else leased.expire())
+        except StoreError as exc:  # the leases stay taken in the store: it errs toward refusing
+            runtime.metrics.store_errors.labels(store, "settle_lost").inc()
+            log.warning("lease_settle_failed", store=store, error=str(exc))
 
 
 async def refresh_flags(runtime: Runtime) -> None:

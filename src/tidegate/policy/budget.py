@@ -31,6 +31,14 @@ unlimited: never checked, still counted)::
                  used_d     = used_d + actual_d                  actual may be more or less
     refund(reservation):               only if reservation.day == usage.day, else no change
                  reserved_d = max(0, reserved_d - reservation_d)
+    rebase(reservation, actual, keep): only if reservation.day == usage.day, else no change
+                 reserved_d = max(0, reserved_d - reservation_d) + keep_d
+                 used_d     = used_d + actual_d                  a settle and a hold, at once
+
+A rebase is how a lease (:mod:`tidegate.state.leases`) tells the store what its settled requests
+used while some are still open: the reservation then holds exactly what those hold. It decides
+nothing (``keep`` was part of what the reservation held), so it needs no room and cannot fail for
+want of it: done as one step, no other request can take the room in between.
 
 A reservation from a past day is settled or refunded against that day only, and that day is over:
 so it changes nothing. Cost is a float: its sums are exact when every amount is a whole number (so
@@ -71,6 +79,7 @@ __all__ = [
     "Reservation",
     "Usage",
     "day_number",
+    "rebase",
     "refund",
     "reserve",
     "rollover",
@@ -353,6 +362,23 @@ def refund(usage: Usage, reservation: Reservation) -> Usage:
     if reservation.day != usage.day:
         return usage
     return _release(usage, reservation.amount)
+
+
+def rebase(usage: Usage, reservation: Reservation, actual: Cost, keep: Cost) -> Usage:
+    """Settle ``reservation`` at ``actual`` and reserve ``keep`` in its place, as one step (a
+    past day's: no change); see the module docstring."""
+    if reservation.day != usage.day:
+        return usage
+    released = _release(usage, reservation.amount, actual)
+    return Usage(
+        day=released.day,
+        calls=released.calls,
+        tokens=released.tokens,
+        cost=released.cost,
+        reserved_calls=released.reserved_calls + keep.calls,
+        reserved_tokens=released.reserved_tokens + keep.tokens,
+        reserved_cost=released.reserved_cost + keep.cost,
+    )
 
 
 class DailyBudget:

@@ -24,6 +24,12 @@ repeat the same arithmetic atomically (a Lua script, one SQL statement). The for
 A new key starts full: :func:`full_bucket` is ``(burst, now)``. The state is written back on every
 take, refused or not.
 
+Tokens taken but not used (a lease's rest, see :mod:`tidegate.state.leases`) go back with
+:func:`give_back`, never past the burst::
+
+    tokens'  = min(burst, available + n)
+    updated' = max(updated, now)
+
 ``retry_after`` is exact in floating point: after computing it as above, :func:`take` raises it by
 the fewest representable steps needed so that a take of the same ``n`` at ``now + retry_after``
 succeeds (the division and the later subtraction can each round down by one unit in the last
@@ -55,6 +61,7 @@ __all__ = [
     "TokenBucket",
     "TokensTaken",
     "full_bucket",
+    "give_back",
     "ratelimit_headers",
     "refill",
     "take",
@@ -179,6 +186,14 @@ def take(
         allowed=allowed, remaining=tokens, retry_after=retry_after, reset_after=reset_after
     )
     return new_state, result
+
+
+def give_back(state: BucketState, options: BucketOptions, now: float, n: float) -> BucketState:
+    """``state`` refilled to ``now`` with ``n`` unused tokens returned, at most up to the burst."""
+    if not (math.isfinite(n) and n >= 0):
+        raise ValueError(f"n must be a finite number >= 0, got {n!r}")
+    available = refill(state, options, now)
+    return BucketState(tokens=min(options.burst, available + n), updated=max(state.updated, now))
 
 
 def _sf_integer(value: float, rounding: Callable[[float], int]) -> int:

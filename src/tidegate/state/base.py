@@ -116,6 +116,10 @@ class BucketStore(Protocol):
 
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult: ...
 
+    async def give_back(self, key: str, options: BucketOptions, n: float) -> None:
+        """Return ``n`` tokens taken but not used, never past the burst (one atomic step)."""
+        ...
+
 
 class QuotaStore(Protocol):
     """Daily budgets by subject, with the open reservations that make settle-once possible."""
@@ -132,6 +136,13 @@ class QuotaStore(Protocol):
 
     async def refund(self, reservation: Reservation) -> bool:
         """Drop an open reservation; False if it was already settled or refunded."""
+        ...
+
+    async def rebase(
+        self, reservation: Reservation, actual: Cost, keep: Cost
+    ) -> Reservation | None:
+        """Settle an open reservation at ``actual`` and hold ``keep`` under its id instead, in
+        one atomic step; None if it was not open. The result is the reservation to close later."""
         ...
 
     async def usage(self, subject: str) -> Usage:

@@ -19,12 +19,20 @@ from tidegate.policy.budget import (
     Reservation,
     Usage,
     day_number,
+    rebase,
     refund,
     reserve,
     rollover,
     settle,
 )
-from tidegate.policy.ratelimit import BucketOptions, BucketState, TakeResult, full_bucket, take
+from tidegate.policy.ratelimit import (
+    BucketOptions,
+    BucketState,
+    TakeResult,
+    full_bucket,
+    give_back,
+    take,
+)
 from tidegate.state.base import (
     AuditRecord,
     CacheEntry,
@@ -150,6 +158,11 @@ class MemoryBucketStore:
         self._states[key], result = take(state, options, now, n)
         return result
 
+    async def give_back(self, key: str, options: BucketOptions, n: float) -> None:
+        now = self._clock.wall()
+        state = self._states.get(key) or full_bucket(options, now)
+        self._states[key] = give_back(state, options, now, n)
+
 
 class MemoryQuotaStore:
     """Usage by subject and the open reservations, kept with the pure budget functions."""
@@ -185,6 +198,19 @@ class MemoryQuotaStore:
             return False
         self._usage[reservation.subject] = refund(self._today(reservation.subject), reservation)
         return True
+
+    async def rebase(
+        self, reservation: Reservation, actual: Cost, keep: Cost
+    ) -> Reservation | None:
+        if reservation.id not in self._open:
+            return None
+        kept = Reservation(
+            id=reservation.id, subject=reservation.subject, day=reservation.day, amount=keep
+        )
+        self._open[reservation.id] = kept
+        subject = reservation.subject
+        self._usage[subject] = rebase(self._today(subject), reservation, actual, keep)
+        return kept
 
     def _today(self, subject: str) -> Usage:
         now = self._clock.wall()

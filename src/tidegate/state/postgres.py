@@ -57,12 +57,20 @@ from tidegate.policy.budget import (
     Reservation,
     Usage,
     day_number,
+    rebase,
     refund,
     reserve,
     rollover,
     settle,
 )
-from tidegate.policy.ratelimit import BucketOptions, BucketState, TakeResult, full_bucket, take
+from tidegate.policy.ratelimit import (
+    BucketOptions,
+    BucketState,
+    TakeResult,
+    full_bucket,
+    give_back,
+    take,
+)
 from tidegate.state.actions import (
     ActionNotFound,
     ActionStatus,
@@ -637,34 +645,54 @@ class PostgresBucketStore:
         self._db = db
         self._clock = clock
 
+    async def _lock(
+        self, conn: Connection, key: str, options: BucketOptions
+    ) -> tuple[BucketState, float]:
+        """The bucket's state, its row locked until commit, and the time read after the lock."""
+        select = "SELECT tokens, updated FROM buckets WHERE key = %s FOR UPDATE"
+        row = await _fetchone(conn, select, (key,))
+        if row is None:
+            # A new key: insert its row (locked by this transaction until commit); a concurrent
+            # first take waits for it, then finds it with the select.
+            created = await _fetchone(
+                conn,
+                "INSERT INTO buckets (key, tokens, updated) VALUES (%s, 0, 0)"
+                " ON CONFLICT (key) DO NOTHING RETURNING key",
+                (key,),
+            )
+            if created is None:
+                row = await _fetchone(conn, select, (key,))
+        now = await _locked_now(conn, self._clock)
+        return (full_bucket(options, now) if row is None else BucketState(row[0], row[1])), now
+
+    @staticmethod
+    async def _store(conn: Connection, key: str, state: BucketState) -> None:
+        await conn.execute(
+            b"UPDATE buckets SET tokens = %s, updated = %s WHERE key = %s",
+            (state.tokens, state.updated, key),
+        )
+
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
         if not (math.isfinite(n) and n >= 0):
             raise ValueError(f"n must be a finite number >= 0, got {n!r}")
 
         async def work(conn: Connection) -> TakeResult:
-            select = "SELECT tokens, updated FROM buckets WHERE key = %s FOR UPDATE"
-            row = await _fetchone(conn, select, (key,))
-            if row is None:
-                # A new key: insert its row (locked by this transaction until commit); a
-                # concurrent first take waits for it, then finds it with the select.
-                created = await _fetchone(
-                    conn,
-                    "INSERT INTO buckets (key, tokens, updated) VALUES (%s, 0, 0)"
-                    " ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (key,),
-                )
-                if created is None:
-                    row = await _fetchone(conn, select, (key,))
-            now = await _locked_now(conn, self._clock)
-            state = full_bucket(options, now) if row is None else BucketState(row[0], row[1])
+            state, now = await self._lock(conn, key, options)
             new, result = take(state, options, now, n)
-            await conn.execute(
-                b"UPDATE buckets SET tokens = %s, updated = %s WHERE key = %s",
-                (new.tokens, new.updated, key),
-            )
+            await self._store(conn, key, new)
             return result
 
         return await self._db.run("take", work)
+
+    async def give_back(self, key: str, options: BucketOptions, n: float) -> None:
+        if not (math.isfinite(n) and n >= 0):
+            raise ValueError(f"n must be a finite number >= 0, got {n!r}")
+
+        async def work(conn: Connection) -> None:
+            state, now = await self._lock(conn, key, options)
+            await self._store(conn, key, give_back(state, options, now, n))
+
+        await self._db.run("give back", work)
 
 
 _USAGE_COLUMNS = "day, calls, tokens, cost, reserved_calls, reserved_tokens, reserved_cost"
@@ -749,14 +777,21 @@ class PostgresQuotaStore:
 
         return await self._db.run("reserve", work)
 
-    async def _close(self, reservation: Reservation, apply: Callable[[Usage], Usage]) -> bool:
+    async def _close(
+        self, reservation: Reservation, apply: Callable[[Usage], Usage], *, keep: bool = False
+    ) -> bool:
+        """Apply ``apply`` to the subject's usage if the reservation is open, deleting its row
+        (with ``keep``, leaving it open)."""
+
         async def work(conn: Connection) -> bool:
             # The subject's row first, then the reservation: the order reserve() locks them in.
             held = await self._lock(conn, reservation.subject)
-            cursor = await conn.execute(
-                b"DELETE FROM reservations WHERE id = %s AND subject = %s",
-                (reservation.id, reservation.subject),
+            statement = (
+                b"SELECT id FROM reservations WHERE id = %s AND subject = %s FOR UPDATE"
+                if keep
+                else b"DELETE FROM reservations WHERE id = %s AND subject = %s"
             )
+            cursor = await conn.execute(statement, (reservation.id, reservation.subject))
             if cursor.rowcount != 1:
                 return False
             now = await _locked_now(conn, self._clock)
@@ -770,6 +805,18 @@ class PostgresQuotaStore:
 
     async def refund(self, reservation: Reservation) -> bool:
         return await self._close(reservation, lambda usage: refund(usage, reservation))
+
+    async def rebase(
+        self, reservation: Reservation, actual: Cost, keep: Cost
+    ) -> Reservation | None:
+        # The amount lives in the caller's reservation (the table keeps ids and days only).
+        if not await self._close(
+            reservation, lambda usage: rebase(usage, reservation, actual, keep), keep=True
+        ):
+            return None
+        return Reservation(
+            id=reservation.id, subject=reservation.subject, day=reservation.day, amount=keep
+        )
 
     async def usage(self, subject: str) -> Usage:
         (row,) = await self._db.fetch(

@@ -214,6 +214,15 @@ class RedisBucketStore:
             reset_after=float(reset_after),
         )
 
+    async def give_back(self, key: str, options: BucketOptions, n: float) -> None:
+        if not (math.isfinite(n) and n >= 0):
+            raise ValueError(f"n must be a finite number >= 0, got {n!r}")
+        await self._db.script(
+            "bucket_take",
+            [self._db.key("bucket", key)],
+            [_now_arg(self._clock), _num(options.rate), _num(options.burst), _num(n), "give"],
+        )
+
 
 def _limit(value: float | None) -> str:
     return "" if value is None else _num(value)
@@ -260,7 +269,7 @@ class RedisQuotaStore:
         reservation = Reservation(id=rid, subject=subject, day=int(float(day)), amount=estimate)
         return reservation, decision
 
-    async def _close(self, mode: str, reservation: Reservation, actual: Cost) -> bool:
+    async def _close(self, mode: str, reservation: Reservation, actual: Cost, *kept: str) -> bool:
         amount = reservation.amount
         closed = await self._db.script(
             "quota_close",
@@ -275,6 +284,7 @@ class RedisQuotaStore:
                 _num(actual.calls),
                 _num(actual.tokens),
                 _num(actual.cost),
+                *kept,
             ],
         )
         return bool(closed)
@@ -284,6 +294,16 @@ class RedisQuotaStore:
 
     async def refund(self, reservation: Reservation) -> bool:
         return await self._close("refund", reservation, Cost(calls=0))
+
+    async def rebase(
+        self, reservation: Reservation, actual: Cost, keep: Cost
+    ) -> Reservation | None:
+        kept = (_num(keep.calls), _num(keep.tokens), _num(keep.cost))
+        if not await self._close("rebase", reservation, actual, *kept):
+            return None
+        return Reservation(
+            id=reservation.id, subject=reservation.subject, day=reservation.day, amount=keep
+        )
 
     async def usage(self, subject: str) -> Usage:
         day, calls, tokens, cost, rcalls, rtokens, rcost = await self._db.script(

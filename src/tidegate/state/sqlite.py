@@ -38,12 +38,20 @@ from tidegate.policy.budget import (
     Reservation,
     Usage,
     day_number,
+    rebase,
     refund,
     reserve,
     rollover,
     settle,
 )
-from tidegate.policy.ratelimit import BucketOptions, BucketState, TakeResult, full_bucket, take
+from tidegate.policy.ratelimit import (
+    BucketOptions,
+    BucketState,
+    TakeResult,
+    full_bucket,
+    give_back,
+    take,
+)
 from tidegate.state.base import (
     AuditRecord,
     CacheEntry,
@@ -580,28 +588,39 @@ class SQLiteBucketStore:
         self._clock = clock
         self._known: dict[str, tuple[int, float, float]] = {}
 
+    def _load(
+        self, conn: sqlite3.Connection, key: str, options: BucketOptions, now: float
+    ) -> BucketState:
+        known = self._known.get(key)
+        if known is not None and known[0] == self._db.rows_epoch:
+            return BucketState(known[1], known[2])
+        row = conn.execute("SELECT tokens, updated FROM buckets WHERE key = ?", (key,)).fetchone()
+        return full_bucket(options, now) if row is None else BucketState(row[0], row[1])
+
+    def _store(self, conn: sqlite3.Connection, key: str, state: BucketState) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO buckets (key, tokens, updated) VALUES (?, ?, ?)",
+            (key, state.tokens, state.updated),
+        )
+        _remember(self._known, key, (self._db.rows_epoch, state.tokens, state.updated))
+
     async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
         now = self._clock.wall()
 
         def work(conn: sqlite3.Connection) -> TakeResult:
-            epoch = self._db.rows_epoch
-            known = self._known.get(key)
-            if known is not None and known[0] == epoch:
-                state = BucketState(known[1], known[2])
-            else:
-                row = conn.execute(
-                    "SELECT tokens, updated FROM buckets WHERE key = ?", (key,)
-                ).fetchone()
-                state = full_bucket(options, now) if row is None else BucketState(row[0], row[1])
-            new, result = take(state, options, now, n)
-            conn.execute(
-                "INSERT OR REPLACE INTO buckets (key, tokens, updated) VALUES (?, ?, ?)",
-                (key, new.tokens, new.updated),
-            )
-            _remember(self._known, key, (epoch, new.tokens, new.updated))
+            new, result = take(self._load(conn, key, options, now), options, now, n)
+            self._store(conn, key, new)
             return result
 
         return self._db.run(work)
+
+    async def give_back(self, key: str, options: BucketOptions, n: float) -> None:
+        now = self._clock.wall()
+
+        def work(conn: sqlite3.Connection) -> None:
+            self._store(conn, key, give_back(self._load(conn, key, options, now), options, now, n))
+
+        self._db.run(work)
 
 
 def _remember(cache: dict[str, Any], key: str, value: Any) -> None:
@@ -688,12 +707,22 @@ class SQLiteQuotaStore:
 
         return self._db.run(work)
 
-    def _close(self, reservation: Reservation, apply: Callable[[Usage], Usage]) -> bool:
+    def _close(
+        self, reservation: Reservation, apply: Callable[[Usage], Usage], keep: Cost | None = None
+    ) -> bool:
+        """Apply ``apply`` to the subject's usage if the reservation is open, deleting its row
+        (or, with ``keep``, leaving it open for that amount)."""
         now = self._clock.wall()
 
         def work(conn: sqlite3.Connection) -> bool:
-            gone = conn.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,)).rowcount
-            if gone != 1:
+            if keep is None:
+                changed = conn.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,))
+            else:
+                changed = conn.execute(
+                    "UPDATE reservations SET amount = ? WHERE id = ?",
+                    (_cost_blob(keep), reservation.id),
+                )
+            if changed.rowcount != 1:
                 return False
             usage = self._load(conn, reservation.subject, now)
             self._store(conn, reservation.subject, apply(usage))
@@ -706,6 +735,15 @@ class SQLiteQuotaStore:
 
     async def refund(self, reservation: Reservation) -> bool:
         return self._close(reservation, lambda usage: refund(usage, reservation))
+
+    async def rebase(
+        self, reservation: Reservation, actual: Cost, keep: Cost
+    ) -> Reservation | None:
+        if not self._close(reservation, lambda u: rebase(u, reservation, actual, keep), keep):
+            return None
+        return Reservation(
+            id=reservation.id, subject=reservation.subject, day=reservation.day, amount=keep
+        )
 
     async def usage(self, subject: str) -> Usage:
         now = self._clock.wall()

@@ -1,9 +1,10 @@
--- Take n tokens from one token bucket: read, refill, take, write back, in one atomic step.
--- The arithmetic is tidegate.policy.ratelimit.take, operation for operation.
+-- Take n tokens from one token bucket: read, refill, take, write back, in one atomic step; or,
+-- with ARGV[5] = 'give', give n unused tokens back (never past the burst).
+-- The arithmetic is tidegate.policy.ratelimit.take / give_back, operation for operation.
 --
 -- KEYS[1]  the bucket (hash: tokens, updated)
--- ARGV     now ('' = server TIME), rate, burst, n
--- returns  {allowed (1/0), remaining, retry_after, reset_after}
+-- ARGV     now ('' = server TIME), rate, burst, n, and optionally 'give'
+-- returns  {allowed (1/0), remaining, retry_after, reset_after}; for 'give', {remaining}
 
 local key = KEYS[1]
 local now = clock_now(ARGV[1])
@@ -25,6 +26,13 @@ end
 
 local available = refill(tokens, updated, now)
 local new_updated = math.max(updated, now)
+
+if ARGV[5] == 'give' then
+  local given = math.min(burst, available + n)
+  redis.call('HSET', key, 'tokens', fmt(given), 'updated', fmt(new_updated))
+  redis.call('PEXPIRE', key, ms((burst - given) / rate + (new_updated - now) + 1))
+  return {fmt(given)}
+end
 local allowed = available >= n
 local new_tokens = available
 if allowed then
