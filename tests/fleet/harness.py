@@ -516,6 +516,10 @@ class Fleet:
             raise AssertionError(f"the fleet's {USERS} caller keys are used up: raise USERS")
         return self._keys.pop(0)
 
+    def user_index(self, key: str) -> int:
+        """The number of the caller a key from :meth:`new_user` belongs to (``user-NNN``)."""
+        return int(key.rsplit("-", 1)[1])
+
     def replica_index(self, port: int) -> int:
         """The index of the replica listening on ``port``."""
         for replica in self.replicas:
@@ -591,7 +595,7 @@ pid {root}/nginx.pid;
 error_log {root}/error.log warn;
 
 events {{
-    worker_connections 1024;
+    worker_connections 4096;
 }}
 
 http {{
