@@ -396,7 +396,9 @@ PROVIDER_ERROR_TABLE: Final[Mapping[ProviderErrorKind, ErrorSpec]] = {
         502, T.UPSTREAM, False, "tidegate's credentials for the provider were refused"
     ),
     K.CANCELLED: ErrorSpec(499, T.CANCELLED, False, "the caller went away; the call was cancelled"),
-    K.MALFORMED: ErrorSpec(502, T.UPSTREAM, True, "the provider's answer could not be parsed"),
+    K.MALFORMED: ErrorSpec(
+        502, T.UPSTREAM, True, "the provider's 2xx could not be parsed or was not an answer"
+    ),
 }
 
 

@@ -384,7 +384,7 @@ def test_context_length_without_a_larger_window_is_the_callers_400(tmp_path: Pat
         body={
             "type": "invalid_request_error",
             "code": "provider_context_length",
-            "message": PRIMARY_CONTEXT_MESSAGE,
+            "message": f"HTTP 400 context_length_exceeded: {PRIMARY_CONTEXT_MESSAGE}",
             "retryable": False,
         },
         tried="primary=context_length",
@@ -402,7 +402,7 @@ def test_content_filter_refusal_is_final(tmp_path: Path) -> None:
         body={
             "type": "invalid_request_error",
             "code": "provider_content_filter",
-            "message": "The prompt was refused by the content filter.",
+            "message": "HTTP 400 content_filter: The prompt was refused by the content filter.",
             "retryable": False,
         },
         tried="primary=content_filter",

@@ -17,6 +17,7 @@ from tidegate.providers.anthropic import (
     AnthropicProvider,
     AnthropicStreamTranslator,
     from_messages_response,
+    messages_response_problem,
     to_messages_request,
 )
 from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
@@ -198,7 +199,10 @@ def test_stream_error_event_is_raised() -> None:
         translator.feed(
             {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
         )
-    assert (caught.value.kind, caught.value.message) == (K.OVERLOADED, "Overloaded")
+    assert (caught.value.kind, caught.value.message) == (
+        K.OVERLOADED,
+        "overloaded_error: Overloaded",
+    )
 
 
 def _sse(events: list[dict[str, Any]]) -> bytes:
@@ -370,7 +374,8 @@ async def test_errors_map_to_kinds(
     serve: Serve,
     session: aiohttp.ClientSession,
 ) -> None:
-    """Each Messages API error status and type raises the documented kind with its message."""
+    """Each Messages API error status and type raises the documented kind, its message led by
+    the status and the error type."""
     api = FakeMessagesAPI()
     api.reply = (
         status,
@@ -381,7 +386,8 @@ async def test_errors_map_to_kinds(
     provider = AnthropicProvider("a", await serve(api.app()), "k", session)
     with pytest.raises(ProviderError) as caught:
         await provider.complete({"model": "c", "messages": []}, timeout=1.0)
-    assert (caught.value.kind, caught.value.message, caught.value.status) == (kind, message, status)
+    shown = f"HTTP {status} {error_type}: {message}"
+    assert (caught.value.kind, caught.value.message, caught.value.status) == (kind, shown, status)
     assert caught.value.retry_after == 5.0
 
 
@@ -400,3 +406,108 @@ async def test_default_max_tokens_must_be_positive(session: aiohttp.ClientSessio
     """A default_max_tokens below one is a ValueError."""
     with pytest.raises(ValueError, match="default_max_tokens"):
         AnthropicProvider("a", "http://x", "k", session, default_max_tokens=0)
+
+
+SECRET = "tidegate-upstream-secret-7f3a"  # what the provider's api_key_file holds
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**MESSAGE, "content": None},
+        {key: value for key, value in MESSAGE.items() if key != "content"},
+        {**MESSAGE, "content": "Hello world"},
+        {**MESSAGE, "content": ["Hello", 3]},
+        {**MESSAGE, "usage": "lots"},
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        {"type": "error", "error": {"type": "api_error", "message": "boom"}},
+        {"id": "msg_1", "role": "assistant", "content": []},
+    ],
+)
+async def test_a_200_that_is_not_a_message_is_malformed(
+    body: dict[str, Any], serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """A 200 whose body is not a message with a content list (an error body included) raises a
+    retryable malformed error rather than an empty success."""
+    api = FakeMessagesAPI()
+    api.reply = (200, orjson.dumps(body), "application/json", {})
+    provider = AnthropicProvider("a", await serve(api.app()), "k", session)
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete({"model": "c", "messages": []}, timeout=1.0)
+    assert (caught.value.kind, caught.value.retryable) == (K.MALFORMED, True)
+    assert caught.value.message.startswith("HTTP 200 but not an answer: ")
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+@pytest.mark.parametrize("status", [401, 400, 429, 500])
+async def test_an_error_echoing_the_key_is_reported_without_it(
+    status: int, serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """An error body echoing the x-api-key gives a message with the status, the type and the
+    request-id, and without the key."""
+    api = FakeMessagesAPI()
+    api.reply = (
+        status,
+        _anthropic_error("authentication_error", f"invalid x-api-key {SECRET}"),
+        "application/json",
+        {"request-id": "req_011CSHoEeqs5C35K2UUqR7Fy"},
+    )
+    provider = AnthropicProvider("a", await serve(api.app()), SECRET, session)
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete({"model": "c", "messages": []}, timeout=1.0)
+    assert caught.value.message == (
+        f"HTTP {status} authentication_error: invalid x-api-key [redacted] "
+        "(request id req_011CSHoEeqs5C35K2UUqR7Fy)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_stream_error_event_echoing_the_key_is_raised_without_it(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """An error event inside a stream that echoes the key raises a message without it."""
+    api = FakeMessagesAPI()
+    error = {"type": "error", "error": {"type": "api_error", "message": f"bad key {SECRET}"}}
+    api.reply = (200, _sse([*EVENTS[:4], error]), "text/event-stream", {})
+    provider = AnthropicProvider("a", await serve(api.app()), SECRET, session)
+
+    async def consume() -> None:
+        async with aclosing(provider.stream({"model": "c", "messages": []}, timeout=1.0)) as stream:
+            async for _ in stream:
+                pass
+
+    with pytest.raises(ProviderError) as caught:
+        await consume()
+    assert caught.value.message == "api_error: bad key [redacted]"
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (MESSAGE, None),
+        ({**MESSAGE, "content": []}, None),
+        ({**MESSAGE, "usage": None}, None),
+        ({"type": "error", "error": {"type": "api_error"}}, "an error object"),
+        ({**MESSAGE, "error": {"message": "x"}}, "an error object"),
+        ({**MESSAGE, "type": "completion"}, "not a message"),
+        ({**MESSAGE, "content": None}, "no content"),
+        ({**MESSAGE, "content": {"type": "text"}}, "content is not a list"),
+        ({**MESSAGE, "content": ["Hello"]}, "a content block that is not an object"),
+        ({**MESSAGE, "usage": [1]}, "usage is not an object"),
+    ],
+)
+def test_messages_response_problem(data: dict[str, Any], problem: str | None) -> None:
+    """Each way a decoded 2xx body can fail to be a Messages response is named; an empty
+    content list is an answer."""
+    assert messages_response_problem(data) == problem
+
+
+def test_usage_counts_that_are_not_numbers_count_as_none() -> None:
+    """A usage count of the wrong type is counted as zero instead of crashing the translation."""
+    data = {**MESSAGE, "usage": {"input_tokens": "many", "output_tokens": None}}
+    completion = from_messages_response(data, created=0)
+    assert completion["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

@@ -237,3 +237,25 @@ def test_from_script_names_a_bad_key() -> None:
     """A model script with an unknown key raises ConfigError naming it."""
     with pytest.raises(ConfigError, match=r"fake: latncy: unknown key"):
         FakeProvider.from_script({"latncy": 1})
+
+
+@pytest.mark.asyncio
+async def test_from_script_reads_a_raw_body_as_the_openai_provider_would() -> None:
+    """A raw 200 that is not an answer raises malformed in-process too; a good one answers."""
+    good = chat_completion(id="c", model="m", created=0, content="fine")
+    script = {
+        "faults": [
+            {"on_attempts": [1], "kind": "raw", "body": {"choices": []}},
+            {"on_attempts": [2], "kind": "raw", "status": 401, "body": {"error": "no"}},
+            {"on_attempts": [3], "kind": "raw", "body": good},
+        ],
+    }
+    clock = ManualClock()
+    fake = FakeProvider.from_script(script, sleep=clock.asleep, clock=clock)
+    with pytest.raises(ProviderError) as caught:
+        await fake.complete(dict(CHAT), timeout=1.0)
+    assert caught.value.kind == K.MALFORMED
+    with pytest.raises(ProviderError) as caught:
+        await fake.complete(dict(CHAT), timeout=1.0)
+    assert caught.value.kind == K.AUTH
+    assert text_of(await drain(fake)) == "fine"

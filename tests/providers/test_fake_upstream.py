@@ -128,6 +128,8 @@ async def test_an_invalid_body_is_refused_and_logged(
         ({}, {**CHAT, "model": "unknown"}, K.NOT_FOUND),
         ({"faults": [{"kind": "cut_after", "tokens": 1}]}, CHAT, K.CONNECTION),
         ({"faults": [{"kind": "malformed_chunk"}]}, CHAT, K.MALFORMED),
+        ({"faults": [{"kind": "raw", "body": {"choices": []}}]}, CHAT, K.MALFORMED),
+        ({"faults": [{"kind": "raw", "status": 503, "body": "busy"}]}, CHAT, K.OVERLOADED),
     ],
 )
 async def test_refusals_and_broken_bodies(
@@ -194,3 +196,28 @@ async def test_closing_does_not_wait_for_a_hung_request(session: aiohttp.ClientS
     assert server.attempts[0]["outcome"] == "no_response"
     with pytest.raises(ProviderError):
         await task
+
+
+@pytest.mark.asyncio
+async def test_a_raw_fault_is_sent_byte_for_byte(
+    upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    """A raw fault's status, headers and body arrive exactly as scripted, even on a stream
+    request, and the attempt's outcome names the status."""
+    stream = 'data: {"error": {"message": "mid-stream"}}\n\n'
+    fault = {
+        "kind": "raw",
+        "status": 200,
+        "body": stream,
+        "content_type": "text/event-stream",
+        "headers": {"x-request-id": "req_42"},
+    }
+    server = await upstream(one_model(faults=[fault]))
+    async with session.post(
+        f"{server.base_url}/chat/completions", json={**CHAT, "stream": True}
+    ) as response:
+        assert response.status == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        assert response.headers["x-request-id"] == "req_42"
+        assert await response.text() == stream
+    assert server.attempts[0]["outcome"] == "raw_200"

@@ -15,7 +15,13 @@ from aiohttp import web
 from tidegate.clock import SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
-from tidegate.providers.openai import OpenAIProvider
+from tidegate.providers.openai import (
+    OpenAIProvider,
+    chat_completion_problem,
+    embeddings_problem,
+    openai_answer,
+)
+from tidegate.providers.transport import HTTPAnswer
 
 from .conftest import Serve, Upstream
 
@@ -130,6 +136,35 @@ CASES: dict[str, tuple[int, bytes, dict[str, str], K, bool, float | None]] = {
     "auth_403": (403, _error("region"), {}, K.AUTH, False, None),
     "malformed_text": (200, b"this is not json", {}, K.MALFORMED, True, None),
     "malformed_shape": (200, b'{"object": "chat.completion"}', {}, K.MALFORMED, True, None),
+    # 2xx bodies that parse but are not answers: never a success.
+    "empty_choices": (200, b'{"id": "c", "choices": []}', {}, K.MALFORMED, True, None),
+    "choices_not_a_list": (200, b'{"choices": {"0": {}}}', {}, K.MALFORMED, True, None),
+    "choices_not_objects": (200, b'{"choices": ["hi", 3]}', {}, K.MALFORMED, True, None),
+    "message_not_an_object": (
+        200,
+        b'{"choices": [{"index": 0, "message": "hi"}]}',
+        {},
+        K.MALFORMED,
+        True,
+        None,
+    ),
+    "usage_not_an_object": (
+        200,
+        b'{"choices": [{"message": {"content": "hi"}}], "usage": 7}',
+        {},
+        K.MALFORMED,
+        True,
+        None,
+    ),
+    "error_object_in_200": (200, _error("boom", type="server_error"), {}, K.MALFORMED, True, None),
+    "error_beside_choices": (
+        200,
+        b'{"choices": [{"message": {"content": "hi"}}], "error": {"message": "partial"}}',
+        {},
+        K.MALFORMED,
+        True,
+        None,
+    ),
 }
 
 
@@ -397,3 +432,163 @@ async def test_embeddings(upstream: Upstream, session: aiohttp.ClientSession) ->
     answer = await provider.embed({"model": "e", "input": ["a", "b c"]}, timeout=1.0)
     assert [len(item["embedding"]) for item in answer["data"]] == [4, 4]
     assert server.attempts[0]["endpoint"] == "embeddings"
+
+
+SECRET = "tidegate-upstream-secret-7f3a"  # what the provider's api_key_file holds
+OTHER_KEY = "sk-proj-Zx81Qw0PlmN4bV7cX2sA9dF3gH6jK1"  # key-shaped, but nobody configured it
+
+
+def _echo_app(status: int, body: bytes, headers: dict[str, str]) -> web.Application:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(
+            status=status, body=body, headers=headers, content_type="application/json"
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    return app
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("status", [401, 400, 429, 500])
+async def test_an_error_echoing_the_key_is_reported_without_it(
+    status: int, serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """An error body that echoes the configured key (and another key) yields a message with the
+    status, the code and the request id, and neither key."""
+    body = _error(f"Incorrect API key provided: {SECRET}; also {OTHER_KEY}", "invalid_api_key")
+    url = await serve(_echo_app(status, body, {"x-request-id": "req_abc123"}))
+    provider = OpenAIProvider("up", f"{url}/v1", SECRET, session)
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(dict(CHAT), timeout=1.0)
+    message = caught.value.message
+    assert SECRET not in message
+    assert OTHER_KEY not in message
+    assert message.startswith(f"HTTP {status} invalid_api_key: Incorrect API key provided: ")
+    assert message.endswith("(request id req_abc123)")
+
+
+@pytest.mark.asyncio
+async def test_a_secret_in_a_header_the_provider_sends_is_kept_out_too(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """A credential passed as an extra header (Azure's api-key) is removed like the api key."""
+    body = _error("api-key azure-secret-value-1 is not valid for this resource")
+    url = await serve(_echo_app(401, body, {}))
+    provider = OpenAIProvider(
+        "up", f"{url}/v1", None, session, headers={"api-key": "azure-secret-value-1"}
+    )
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(dict(CHAT), timeout=1.0)
+    assert "azure-secret-value-1" not in caught.value.message
+
+
+@pytest.mark.asyncio
+async def test_an_error_event_echoing_the_key_mid_stream_is_raised_without_it(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """An error event inside a 200 stream that echoes the key raises a message without it."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n')
+        event = _error(f"key {SECRET} revoked", type="server_error")
+        await response.write(b"data: " + event + b"\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    provider = OpenAIProvider("up", f"{await serve(app)}/v1", SECRET, session)
+    with pytest.raises(ProviderError) as caught:
+        await _drain(provider, dict(CHAT))
+    assert caught.value.kind == K.SERVER
+    assert caught.value.message == "server_error: key [redacted] revoked"
+
+
+@pytest.mark.asyncio
+async def test_a_non_streamed_body_cut_short_is_a_retryable_connection_error(
+    upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    """A body shorter than its Content-Length (the connection dropped mid-body) raises a
+    retryable connection error, not a success and not a parse failure."""
+    server = await upstream({"models": {"m": {"faults": [{"kind": "cut_after", "tokens": 1}]}}})
+    provider = OpenAIProvider("up", server.base_url, None, session)
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(dict(CHAT), timeout=1.0)
+    assert (caught.value.kind, caught.value.retryable) == (K.CONNECTION, True)
+    assert caught.value.message.startswith("the response was cut off")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"object": "list"},
+        {"object": "list", "data": "vectors"},
+        {"object": "list", "data": [[0.1, 0.2]]},
+        {"error": {"message": "boom", "type": "server_error"}},
+    ],
+)
+async def test_embeddings_that_are_not_an_answer_are_malformed(
+    body: dict[str, Any], upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    """An embeddings 200 without a list of objects in ``data`` raises a malformed error."""
+    fault = {"kind": "raw", "body": body}
+    server = await upstream({"models": {"e": {"faults": [fault]}}})
+    provider = OpenAIProvider("up", server.base_url, None, session)
+    with pytest.raises(ProviderError) as caught:
+        await provider.embed({"model": "e", "input": ["a"]}, timeout=1.0)
+    assert (caught.value.kind, caught.value.retryable) == (K.MALFORMED, True)
+
+
+def test_a_malformed_message_says_what_was_wrong() -> None:
+    """The malformed error names the problem and keeps an error object's code and text."""
+    answer = HTTPAnswer(200, {"x-request-id": "req_9"}, _error("boom", "oops"))
+    with pytest.raises(ProviderError) as caught:
+        openai_answer(answer, endpoint="chat", provider="up", now_wall=0.0)
+    assert caught.value.message == (
+        "HTTP 200 but not an answer: an error object (oops): boom (request id req_9)"
+    )
+    empty = HTTPAnswer(200, {}, b'{"choices": []}')
+    with pytest.raises(ProviderError) as caught:
+        openai_answer(empty, endpoint="chat", provider="up", now_wall=0.0)
+    assert caught.value.message == "HTTP 200 but not an answer: an empty choices list"
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"choices": [{"message": {"content": "hi"}}]}, None),
+        ({"choices": [{"index": 0, "delta": {}}], "usage": None}, None),
+        ({}, "no choices"),
+        ({"choices": None}, "no choices"),
+        ({"choices": "hi"}, "choices is not a list"),
+        ({"choices": []}, "an empty choices list"),
+        ({"choices": [None]}, "a choice that is not an object"),
+        ({"choices": [{"message": ["hi"]}]}, "a message that is not an object"),
+        ({"choices": [{}], "usage": "lots"}, "usage is not an object"),
+        ({"error": "nope"}, "an error object"),
+        ({"object": "error", "message": "nope"}, "an error object"),
+    ],
+)
+def test_chat_completion_problem(data: dict[str, Any], problem: str | None) -> None:
+    """Each way a decoded 2xx body can fail to be a chat completion is named; a good one passes."""
+    assert chat_completion_problem(data) == problem
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"data": [{"embedding": [0.1]}]}, None),
+        ({"data": []}, None),
+        ({}, "no data"),
+        ({"data": {"0": [0.1]}}, "data is not a list"),
+        ({"data": [[0.1]]}, "a data item that is not an object"),
+        ({"error": {"message": "x"}, "data": []}, "an error object"),
+    ],
+)
+def test_embeddings_problem(data: dict[str, Any], problem: str | None) -> None:
+    """Each way a decoded 2xx body can fail to be an embeddings response is named."""
+    assert embeddings_problem(data) == problem

@@ -164,3 +164,41 @@ def test_non_streamed_answer_waits_for_the_whole_generation() -> None:
     model = {"text": "a b c", "latency": 0.25, "ttft": 0.5, "tokens_per_second": 4}
     plan = runner(model).plan(dict(CHAT), endpoint="chat", created=0)
     assert plan.latency == 1.25
+
+
+def test_a_raw_fault_plans_its_bytes_on_either_endpoint() -> None:
+    """A raw fault sends its status, headers and body as given: a string as it is, anything
+    else as JSON, on chat and embeddings alike."""
+    plans = runner(
+        {
+            "faults": [
+                {"on_attempts": [1], "kind": "raw", "body": {"choices": []}},
+                {
+                    "on_attempts": [2],
+                    "kind": "raw",
+                    "status": 401,
+                    "body": "data: x\n\n",
+                    "content_type": "text/event-stream",
+                    "headers": {"x-request-id": "req_1"},
+                },
+            ]
+        }
+    )
+    first = plans.plan(dict(CHAT), endpoint="chat", created=0)
+    assert (first.action, first.status, first.raw) == ("raw", 200, b'{"choices":[]}')
+    assert first.headers == {"Content-Type": "application/json"}
+    second = plans.plan({"model": "m", "input": "x"}, endpoint="embeddings", created=0)
+    assert (second.action, second.status, second.raw, second.endpoint) == (
+        "raw",
+        401,
+        b"data: x\n\n",
+        "embeddings",
+    )
+    assert second.headers == {"Content-Type": "text/event-stream", "x-request-id": "req_1"}
+    assert second.fault == "raw"
+
+
+def test_a_raw_fault_status_must_be_an_answer_status() -> None:
+    """A raw status below 200 is refused when the script loads, naming the key."""
+    with pytest.raises(ConfigError, match=r"models\.m\.faults\.0\.raw\.status"):
+        parse_script({"models": {"m": {"faults": [{"kind": "raw", "status": 101}]}}})

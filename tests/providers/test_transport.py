@@ -11,10 +11,12 @@ from aiohttp import web
 
 from tidegate.clock import SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
+from tidegate.providers.redact import Redactor
 from tidegate.providers.sse import SSELineTooLong
 from tidegate.providers.transport import (
     HTTPAnswer,
     error_info,
+    error_message,
     exception_to_error,
     post_json,
     retry_after_from,
@@ -40,6 +42,37 @@ def test_error_info_reads_each_dialect() -> None:
     assert (info.message, info.status) == ("m3", 400)
     assert error_info(ollama).message == "m4"
     assert error_info(b"upstream exploded").message == "upstream exploded"
+
+
+def test_error_message_names_status_code_and_request_id_without_the_secret() -> None:
+    """The shown message leads with the status and code, ends with the request id, and has the
+    secret cut out; an event inside a 200 stream leaves the status out."""
+    redactor = Redactor(["tidegate-upstream-secret-7f3a"])
+    body = b'{"type": "error", "error": {"type": "authentication_error", "message": '
+    body += b'"invalid x-api-key tidegate-upstream-secret-7f3a"}, "request_id": "req_1"}'
+    answer = HTTPAnswer(401, {}, body)
+    assert error_message(answer, error_info(body), redactor) == (
+        "HTTP 401 authentication_error: invalid x-api-key [redacted] (request id req_1)"
+    )
+    event = HTTPAnswer(200, {}, body)
+    assert error_message(event, error_info(body), redactor).startswith("authentication_error:")
+
+
+def test_error_info_keeps_at_most_the_raw_limit_and_no_half_token() -> None:
+    """A huge error text is cut before cleaning, and a token cut in two is dropped whole."""
+    text = "word " * 2000 + "sk-unfinished"
+    info = error_info(text.encode())
+    assert len(info.message) <= 4096
+    assert info.message.endswith("word…")
+
+
+def test_an_exception_text_holding_a_key_is_cleaned() -> None:
+    """aiohttp's exception texts can quote the URL; a key in its query is not passed on."""
+    exc = aiohttp.ClientConnectionError("cannot reach https://h.example/v1?key=hunter2hunter2")
+    error = exception_to_error(exc, provider="p", timeout_message="late")
+    assert error is not None
+    assert "hunter2" not in error.message
+    assert error.message == "cannot reach https://h.example/v1?key=[redacted]"
 
 
 def test_retry_after_ms_wins_over_retry_after() -> None:

@@ -33,6 +33,13 @@ too long / over the context limit            ``context_length``
 404 ``not_found_error``                      ``not_found``
 ===========================================  ==================
 
+A 2xx is an answer only when :func:`messages_response_problem` finds nothing wrong with it: a
+``"type": "message"`` object whose ``content`` is a list of objects and whose ``usage``, if any,
+is an object. Anything else, an ``{"type": "error"}`` body included, is ``malformed``
+(retryable), never a success. Messages are cleaned by
+:class:`~tidegate.providers.redact.Redactor` and carry the status, the error type, the
+``request-id`` and a short text.
+
 Embeddings are not offered by Anthropic: :meth:`AnthropicProvider.embed` raises
 ``ProviderError(kind="bad_request")`` without a call.
 """
@@ -50,9 +57,12 @@ import orjson
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
 from tidegate.providers.transport import (
     HTTPAnswer,
     error_info,
+    error_message,
+    not_an_answer,
     parse_json_object,
     post_json,
     retry_after_from,
@@ -67,6 +77,7 @@ __all__ = [
     "anthropic_error_for",
     "finish_reason_for",
     "from_messages_response",
+    "messages_response_problem",
     "to_messages_request",
 ]
 
@@ -99,13 +110,20 @@ _FINISH: Mapping[str, str] = {
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def anthropic_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -> ProviderError:
-    """The :class:`ProviderError` for an unsuccessful Messages API answer (see the table)."""
+def anthropic_error_for(
+    answer: HTTPAnswer,
+    *,
+    provider: str,
+    now_wall: float,
+    redactor: Redactor = NO_SECRETS,
+) -> ProviderError:
+    """The :class:`ProviderError` for an unsuccessful Messages API answer (see the table); the
+    message is cleaned by ``redactor``."""
     info = error_info(answer.body)
     status = answer.status
     if status < 300:
         status = _STATUS_OF_TYPE.get(info.type, 500 if info.type or info.message else 0)
-    message = info.message or f"HTTP {answer.status}"
+    message = error_message(answer, info, redactor)
     if status == 429:
         kind = K.RATE_LIMITED
     elif status in (503, 529):
@@ -132,6 +150,29 @@ def anthropic_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -
         retry_after=retry_after_from(answer.headers, now_wall),
         status=status or answer.status,
     )
+
+
+def messages_response_problem(data: JSONObject) -> str | None:
+    """Why ``data`` is not a usable Messages API response, or ``None`` when it is one.
+
+    On every answer, so only a few type checks on what the translation reads. An empty
+    ``content`` list is an answer: Anthropic sends one when the model had nothing to add.
+    """
+    kind = data.get("type")
+    if kind == "error" or data.get("error"):
+        return "an error object"
+    if kind != "message":
+        return "not a message"
+    content = data.get("content")
+    if not isinstance(content, list):
+        return "no content" if content is None else "content is not a list"
+    for block in content:
+        if not isinstance(block, dict):
+            return "a content block that is not an object"
+    usage = data.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return "usage is not an object"
+    return None
 
 
 def finish_reason_for(stop_reason: str | None) -> str | None:
@@ -251,12 +292,17 @@ def to_messages_request(
     return request
 
 
+def _count(value: Any) -> int:
+    # A count that is not a number counts as none: int("many") would be a crash, not an answer.
+    return int(value) if isinstance(value, int | float) and 0 <= value < 2**53 else 0
+
+
 def _usage(raw: Mapping[str, Any]) -> JSONObject:
-    cached = int(raw.get("cache_read_input_tokens") or 0)
+    cached = _count(raw.get("cache_read_input_tokens"))
     # OpenAI's prompt_tokens includes cached input; Anthropic counts cache reads and writes apart.
-    prompt = int(raw.get("input_tokens") or 0) + cached
-    prompt += int(raw.get("cache_creation_input_tokens") or 0)
-    completion = int(raw.get("output_tokens") or 0)
+    prompt = _count(raw.get("input_tokens")) + cached
+    prompt += _count(raw.get("cache_creation_input_tokens"))
+    completion = _count(raw.get("output_tokens"))
     result: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -268,7 +314,8 @@ def _usage(raw: Mapping[str, Any]) -> JSONObject:
 
 
 def from_messages_response(data: JSONObject, *, created: int) -> JSONObject:
-    """The ``chat.completion`` for a Messages API response (text blocks only)."""
+    """The ``chat.completion`` for a Messages API response (text blocks only); ``data`` is one
+    that :func:`messages_response_problem` accepted."""
     blocks = [block for block in data.get("content") or [] if isinstance(block, dict)]
     return chat_completion(
         id=str(data.get("id", "")),
@@ -288,11 +335,28 @@ class AnthropicStreamTranslator:
     ``message_stop``. An ``error`` event is raised as a :class:`ProviderError`.
     """
 
-    __slots__ = ("_created", "_id", "_model", "_provider", "_usage", "done", "include_usage")
+    __slots__ = (
+        "_created",
+        "_id",
+        "_model",
+        "_provider",
+        "_redactor",
+        "_usage",
+        "done",
+        "include_usage",
+    )
 
-    def __init__(self, *, created: int, include_usage: bool = False, provider: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        created: int,
+        include_usage: bool = False,
+        provider: str = "",
+        redactor: Redactor = NO_SECRETS,
+    ) -> None:
         self._created = created
         self._provider = provider
+        self._redactor = redactor
         self._id = ""
         self._model = ""
         self._usage: dict[str, Any] = {}
@@ -332,7 +396,10 @@ class AnthropicStreamTranslator:
             return [self._chunk(usage=_usage(self._usage))] if self.include_usage else []
         if kind == "error":
             raise anthropic_error_for(
-                HTTPAnswer(200, {}, orjson.dumps(event)), provider=self._provider, now_wall=0.0
+                HTTPAnswer(200, {}, orjson.dumps(event)),
+                provider=self._provider,
+                now_wall=0.0,
+                redactor=self._redactor,
             )
         return []  # ping, content_block_stop, and event types added after this was written
 
@@ -374,6 +441,7 @@ class AnthropicProvider:
         }
         if api_key:
             self._headers["x-api-key"] = api_key
+        self._redactor = Redactor([api_key, *secret_header_values(headers)])
 
     def __repr__(self) -> str:
         return f"AnthropicProvider(name={self.name!r}, base_url={self.base_url!r})"
@@ -392,12 +460,19 @@ class AnthropicProvider:
             payload=self._payload(body, stream=False),
             timeout=timeout,
             provider=self.name,
+            redactor=self._redactor,
         )
-        if 200 <= answer.status < 300:
-            data = parse_json_object(answer.body)
-            if data is not None and data.get("type") == "message":
+        if not 200 <= answer.status < 300:
+            raise self._error_for(answer)
+        data = parse_json_object(answer.body)
+        if data is None:
+            problem = "the body is not a JSON object"
+        else:
+            found = messages_response_problem(data)
+            if found is None:
                 return from_messages_response(data, created=int(self._clock.wall()))
-        raise self._error_for(answer)
+            problem = found
+        raise not_an_answer(answer, problem, provider=self.name, redactor=self._redactor, data=data)
 
     async def stream(
         self,
@@ -417,6 +492,7 @@ class AnthropicProvider:
             created=int(self._clock.wall()),
             include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
             provider=self.name,
+            redactor=self._redactor,
         )
         events = stream_events(
             self._session,
@@ -428,6 +504,7 @@ class AnthropicProvider:
             chunk_timeout=chunk_timeout,
             total_timeout=total_timeout,
             error_for=self._error_for,
+            redactor=self._redactor,
         )
         async with aclosing(events):
             async for event in events:
@@ -468,4 +545,6 @@ class AnthropicProvider:
         return request
 
     def _error_for(self, answer: HTTPAnswer) -> ProviderError:
-        return anthropic_error_for(answer, provider=self.name, now_wall=self._clock.wall())
+        return anthropic_error_for(
+            answer, provider=self.name, now_wall=self._clock.wall(), redactor=self._redactor
+        )

@@ -18,6 +18,12 @@ In the spirit of ``httpx.MockTransport``: ``FakeProvider(name, handler)`` calls
 :mod:`tidegate.providers.fake_upstream`), so that the in-process fake and the HTTP fake fail in
 the same ways.
 
+A scripted ``raw`` fault (a body sent byte for byte) is read in-process as
+:class:`~tidegate.providers.openai.OpenAIProvider` reads a non-streamed answer: a body that is not
+an answer raises the same ``malformed`` error, and a good one is answered (and, for a stream,
+split into chunks). A hand-written event stream is therefore not a stream here but a body that
+is not an answer.
+
 Waiting goes through the injected ``sleep`` (``SystemClock().asleep`` unless given;
 ``ManualClock().asleep`` in tests, where it moves virtual time instead of waiting). The time
 limits of the :class:`~tidegate.providers.base.Provider` protocol are enforced on the sum of
@@ -41,7 +47,7 @@ from pydantic import ValidationError
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
-from tidegate.providers.openai import openai_error_for
+from tidegate.providers.openai import openai_answer, openai_error_for
 from tidegate.providers.script import (
     WILDCARD,
     FakeScript,
@@ -366,6 +372,16 @@ def outcome_for_plan(plan: Plan, *, provider: str, now_wall: float = 0.0) -> Out
         headers = {name.lower(): value for name, value in plan.headers.items()}  # as aiohttp's
         answer = HTTPAnswer(plan.status, headers, orjson.dumps(plan.body or {}))
         return Delay(plan.latency, openai_error_for(answer, provider=provider, now_wall=now_wall))
+    if plan.action == "raw":
+        headers = {name.lower(): value for name, value in plan.headers.items()}
+        answer = HTTPAnswer(plan.status, headers, plan.raw)
+        try:
+            result: Outcome = openai_answer(
+                answer, endpoint=plan.endpoint, provider=provider, now_wall=now_wall
+            )
+        except ProviderError as error:
+            result = error
+        return Delay(plan.latency, result)
     if plan.action == "answer":
         body = plan.body or {}
         if plan.body_fault == "cut":

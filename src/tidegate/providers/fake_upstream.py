@@ -2,7 +2,9 @@
 
 Each model's behaviour (latency, time to first token, pace, text, context window, prefill
 support and faults) comes from a script; see :mod:`tidegate.providers.script` for the format
-and ``fake_upstream_example.yaml`` beside this module for an example.
+and ``fake_upstream_example.yaml`` beside this module for an example. A ``raw`` fault sends a
+scripted status, headers and body byte for byte (a 200 that is not an answer, an event stream
+written by hand); its attempt's outcome is ``raw_<status>``.
 
 Endpoints: ``POST /v1/chat/completions`` (streamed or not; ``stream_options.include_usage`` is
 honoured), ``POST /v1/embeddings``, ``GET /v1/models``, and for tests ``GET /_fake/attempts``
@@ -135,6 +137,9 @@ async def _act(request: web.Request, plan: Plan, entry: JSONObject) -> web.Strea
     if plan.action == "error":
         entry["outcome"] = f"http_{plan.status}"
         return _json(plan.body, plan.status, plan.headers)
+    if plan.action == "raw":
+        entry["outcome"] = f"raw_{plan.status}"
+        return web.Response(body=plan.raw, status=plan.status, headers=plan.headers)
     if plan.action == "answer":
         return await _answer(request, plan, entry)
     return await _stream(request, plan, entry)

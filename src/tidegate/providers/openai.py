@@ -21,14 +21,26 @@ code ``content_filter``/``content_policy_violation``    ``content_filter``  no
 503, 529                                                ``overloaded``      yes
 any other 5xx                                           ``server``          yes
 any other 4xx                                           ``bad_request``     no
-refused, reset, DNS failure, a body cut off             ``connection``      yes
-a 2xx body that is not the expected JSON                ``malformed``       yes
+refused, reset, DNS failure, a body cut off (shorter
+than its ``Content-Length``)                            ``connection``      yes
+a 2xx body that is not an answer (see below)            ``malformed``       yes
 ======================================================  ==================  =========
+
+A non-streamed 2xx is an answer only when :func:`chat_completion_problem` (or, for embeddings,
+:func:`embeddings_problem`) finds nothing wrong with it: ``choices`` a non-empty list of
+objects, each ``message`` an object, ``usage`` an object, and no error report in the body
+(``data`` a list of objects for embeddings). Anything else is ``malformed``, so the gateway
+retries or fails over as after a 5xx instead of handing the caller a broken success. Inside a
+stream, an ``{"error": ...}`` event is mapped by the table (as ``server`` when it names no
+status or code).
 
 ``insufficient_quota`` means the account has run out of credit: waiting and retrying the same
 account cannot help, so it is not retryable; its kind stays ``rate_limited`` so that a router may
 still send the request to a provider billed to another account. ``Retry-After`` (or OpenAI's
 ``retry-after-ms``) is kept on every error that carries it.
+
+Error messages carry the status, the endpoint's error code, its request id and its text, all
+cleaned by :class:`~tidegate.providers.redact.Redactor`: OpenAI's 401 echoes the key it was sent.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
+from typing import Literal
 
 import aiohttp
 from yarl import URL
@@ -43,16 +56,26 @@ from yarl import URL
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
 from tidegate.providers.transport import (
     HTTPAnswer,
     error_info,
+    error_message,
+    is_error_object,
+    not_an_answer,
     parse_json_object,
     post_json,
     retry_after_from,
     stream_events,
 )
 
-__all__ = ["OpenAIProvider", "openai_error_for"]
+__all__ = [
+    "OpenAIProvider",
+    "chat_completion_problem",
+    "embeddings_problem",
+    "openai_answer",
+    "openai_error_for",
+]
 
 K = ProviderErrorKind
 
@@ -61,18 +84,25 @@ _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_erro
 _FILTER_CODES = frozenset({"content_filter", "content_policy_violation"})
 
 
-def openai_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -> ProviderError:
+def openai_error_for(
+    answer: HTTPAnswer,
+    *,
+    provider: str,
+    now_wall: float,
+    redactor: Redactor = NO_SECRETS,
+) -> ProviderError:
     """The :class:`ProviderError` for an unsuccessful answer from an OpenAI-compatible server.
 
-    A 2xx answer reaches here only when its body was unusable: it is ``malformed`` unless the
-    body itself is an error object.
+    A 2xx reaches here as an error event inside a stream (mapped as ``server`` unless it names
+    a status or a code), or as a body that is not the event stream asked for (``malformed``).
+    The message is cleaned by ``redactor``.
     """
     info = error_info(answer.body)
     # An error event inside a 200 stream may carry the status it would have had.
     status = answer.status if answer.status >= 300 or info.status is None else info.status
     retry_after = retry_after_from(answer.headers, now_wall)
     codes = {info.code, info.type}
-    message = info.message or f"HTTP {status}"
+    message = error_message(answer, info, redactor)
     retryable: bool | None = None
     if "insufficient_quota" in codes:
         kind, retryable, retry_after = K.RATE_LIMITED, False, None
@@ -94,8 +124,8 @@ def openai_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -> P
         kind = K.SERVER
     elif status >= 400:
         kind = K.BAD_REQUEST
-    elif _is_error_object(answer.body):
-        # A 2xx carrying an error object: some servers report failures this way.
+    elif _is_error_body(answer.body):
+        # An error event in a stream: OpenAI and vLLM report a failure mid-stream this way.
         kind = K.SERVER
     else:
         kind = K.MALFORMED
@@ -110,9 +140,70 @@ def openai_error_for(answer: HTTPAnswer, *, provider: str, now_wall: float) -> P
     )
 
 
-def _is_error_object(body: bytes) -> bool:
+def _is_error_body(body: bytes) -> bool:
     data = parse_json_object(body)
-    return data is not None and ("error" in data or data.get("object") == "error")
+    return data is not None and is_error_object(data)
+
+
+def chat_completion_problem(data: JSONObject) -> str | None:
+    """Why ``data`` is not a usable ``chat.completion``, or ``None`` when it is one.
+
+    On every non-streamed answer, so only a few type checks: the gateway reads each choice's
+    ``message`` and the ``usage``, and a wrong type there would be a crash, not an answer.
+    """
+    if is_error_object(data):
+        return "an error object"
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return "no choices" if choices is None else "choices is not a list"
+    if not choices:
+        return "an empty choices list"
+    for choice in choices:
+        if not isinstance(choice, dict):
+            return "a choice that is not an object"
+        message = choice.get("message")
+        if message is not None and not isinstance(message, dict):
+            return "a message that is not an object"
+    usage = data.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return "usage is not an object"
+    return None
+
+
+def embeddings_problem(data: JSONObject) -> str | None:
+    """Why ``data`` is not a usable embeddings response, or ``None`` when it is one."""
+    if is_error_object(data):
+        return "an error object"
+    items = data.get("data")
+    if not isinstance(items, list):
+        return "no data" if items is None else "data is not a list"
+    if not all(isinstance(item, dict) for item in items):
+        return "a data item that is not an object"
+    return None
+
+
+def openai_answer(
+    answer: HTTPAnswer,
+    *,
+    endpoint: Literal["chat", "embeddings"],
+    provider: str,
+    now_wall: float,
+    redactor: Redactor = NO_SECRETS,
+) -> JSONObject:
+    """The decoded answer of a non-streamed call, or the :class:`ProviderError` it amounts to:
+    the table's for a non-2xx, ``malformed`` for a 2xx that is not an answer."""
+    if not 200 <= answer.status < 300:
+        raise openai_error_for(answer, provider=provider, now_wall=now_wall, redactor=redactor)
+    data = parse_json_object(answer.body)
+    if data is None:
+        problem = "the body is not a JSON object"
+    else:
+        check = chat_completion_problem if endpoint == "chat" else embeddings_problem
+        found = check(data)
+        if found is None:
+            return data
+        problem = found
+    raise not_an_answer(answer, problem, provider=provider, redactor=redactor, data=data)
 
 
 class OpenAIProvider:
@@ -146,6 +237,7 @@ class OpenAIProvider:
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._redactor = Redactor([api_key, *secret_header_values(headers)])
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
@@ -164,8 +256,9 @@ class OpenAIProvider:
             payload=self._payload(body, stream=False),
             timeout=timeout,
             provider=self.name,
+            redactor=self._redactor,
         )
-        return self._parsed(answer, required="choices")
+        return self._answer(answer, "chat")
 
     async def stream(
         self,
@@ -191,6 +284,7 @@ class OpenAIProvider:
             chunk_timeout=chunk_timeout,
             total_timeout=total_timeout,
             error_for=self._error_for,
+            redactor=self._redactor,
         )
         async with aclosing(events):
             async for event in events:
@@ -220,8 +314,9 @@ class OpenAIProvider:
             payload=self._payload(body, stream=None),
             timeout=timeout,
             provider=self.name,
+            redactor=self._redactor,
         )
-        return self._parsed(answer, required="data")
+        return self._answer(answer, "embeddings")
 
     async def aclose(self) -> None:
         """Nothing to release: the session belongs to whoever created it."""
@@ -238,11 +333,15 @@ class OpenAIProvider:
         return payload
 
     def _error_for(self, answer: HTTPAnswer) -> ProviderError:
-        return openai_error_for(answer, provider=self.name, now_wall=self._clock.wall())
+        return openai_error_for(
+            answer, provider=self.name, now_wall=self._clock.wall(), redactor=self._redactor
+        )
 
-    def _parsed(self, answer: HTTPAnswer, *, required: str) -> JSONObject:
-        if 200 <= answer.status < 300:
-            data = parse_json_object(answer.body)
-            if data is not None and isinstance(data.get(required), list):
-                return data
-        raise self._error_for(answer)
+    def _answer(self, answer: HTTPAnswer, endpoint: Literal["chat", "embeddings"]) -> JSONObject:
+        return openai_answer(
+            answer,
+            endpoint=endpoint,
+            provider=self.name,
+            now_wall=self._clock.wall(),
+            redactor=self._redactor,
+        )

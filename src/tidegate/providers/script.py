@@ -10,6 +10,10 @@ A fault rule applies when every condition it has holds: ``on_attempts`` lists th
 number (counted per model, from 1), and ``probability`` wins a draw from the seeded generator
 (drawn only when ``on_attempts`` matched). A rule with neither condition always applies. The
 first rule that applies is the fault of that attempt.
+
+The ``raw`` fault sends a body exactly as written, whatever the request asked for: a 200 that is
+not an answer, an error body echoing a credential, a hand-written event stream. It is how the
+tests show what the providers do with bodies no well-behaved server sends.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ __all__ = [
     "Pause",
     "Plan",
     "PlanStep",
+    "RawFault",
     "RefusePrefillFault",
     "ResetFault",
     "ScriptRunner",
@@ -89,6 +94,18 @@ class HttpFault(_Rule):
     code: str | None = None
     message: str | None = None
     body: dict[str, Any] | None = None
+
+
+class RawFault(_Rule):
+    """Answer ``status`` with ``headers`` and ``body`` exactly as given, on any endpoint and
+    whether or not a stream was asked for: a string body is sent as it is (UTF-8), any other
+    value as JSON, with ``content_type``."""
+
+    kind: Literal["raw"]
+    status: Annotated[int, Field(ge=200, le=599)] = 200
+    body: Any = ""
+    content_type: str = "application/json"
+    headers: dict[str, str] = Field(default_factory=dict)
 
 
 class ResetFault(_Rule):
@@ -152,6 +169,7 @@ class RefusePrefillFault(_Rule):
 
 Fault: TypeAlias = Annotated[
     HttpFault
+    | RawFault
     | ResetFault
     | NoResponseFault
     | CutAfterFault
@@ -296,16 +314,17 @@ class Plan:
     """What to do for one attempt.
 
     ``action`` is one of ``"reset"``, ``"no_response"``, ``"error"`` (send ``status``, ``body``
-    and ``headers``), ``"answer"`` (a 200 with ``body``) or ``"stream"`` (a 200 event stream of
-    ``steps``). ``latency`` comes before anything is sent. For ``"answer"``, ``body_fault``
-    may damage the body (``"cut"``, ``"stall"``, ``"malformed"``); for ``"stream"``, ``ending``
-    says how it finishes: ``"done"``, ``"missing_done"``, ``"cut"`` or ``"stall"``.
+    and ``headers``), ``"raw"`` (send ``status``, ``headers`` and the bytes ``raw``), ``"answer"``
+    (a 200 with ``body``) or ``"stream"`` (a 200 event stream of ``steps``). ``latency`` comes
+    before anything is sent. For ``"answer"``, ``body_fault`` may damage the body (``"cut"``,
+    ``"stall"``, ``"malformed"``); for ``"stream"``, ``ending`` says how it finishes:
+    ``"done"``, ``"missing_done"``, ``"cut"`` or ``"stall"``. ``endpoint`` is the one asked.
     """
 
     model: str
     attempt: int
     fault: str | None
-    action: Literal["reset", "no_response", "error", "answer", "stream"]
+    action: Literal["reset", "no_response", "error", "raw", "answer", "stream"]
     latency: float = 0.0
     status: int = 200
     body: JSONObject | None = None
@@ -313,6 +332,8 @@ class Plan:
     steps: tuple[PlanStep, ...] = ()
     ending: Literal["done", "missing_done", "cut", "stall"] = "done"
     body_fault: Literal["cut", "stall", "malformed"] | None = None
+    raw: bytes = b""
+    endpoint: Literal["chat", "embeddings"] = "chat"
 
 
 _ERROR_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 429: "requests"}
@@ -327,6 +348,13 @@ def _http_error(fault: HttpFault) -> tuple[JSONObject, dict[str, str]]:
     )
     message = fault.message or f"fake upstream answered {fault.status}"
     return openai_error(message, type=kind, code=fault.code), headers
+
+
+def _raw(fault: RawFault) -> dict[str, Any]:
+    body = fault.body
+    raw = body.encode() if isinstance(body, str) else orjson.dumps(body)
+    headers = {"Content-Type": fault.content_type, **fault.headers}
+    return {"action": "raw", "status": fault.status, "headers": headers, "raw": raw}
 
 
 def _header_value(value: float | str) -> str:
@@ -387,6 +415,7 @@ class ScriptRunner:
                 attempt=attempt,
                 fault=None,
                 action="error",
+                endpoint=endpoint,
                 status=404,
                 body=openai_error(
                     f"The model `{name}` does not exist or you do not have access to it.",
@@ -398,8 +427,10 @@ class ScriptRunner:
 
         def make(**fields: Any) -> Plan:
             fields.setdefault("latency", model.latency)
-            return Plan(model=name, attempt=attempt, **fields)
+            return Plan(model=name, attempt=attempt, endpoint=endpoint, **fields)
 
+        if isinstance(fault, RawFault):
+            return make(fault=fault.kind, **_raw(fault))
         if endpoint == "embeddings":
             return self._embeddings(model, body, fault, make, name)
         messages = body.get("messages")

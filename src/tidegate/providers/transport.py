@@ -6,6 +6,10 @@ with :mod:`tidegate.timers` (``asyncio.timeout`` with one timer per event loop) 
 wait, never with the session's own ``ClientTimeout`` (which is switched off per request, so
 that one mechanism decides and a long stream is not cut at the session default of five
 minutes). Cancellation from outside is never converted: it propagates.
+
+Every message built here from text the upstream or the HTTP client wrote (an error body, an
+exception's text, which may hold a URL) goes through the provider's
+:class:`~tidegate.providers.redact.Redactor`, so that no credential reaches a caller or a log.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from yarl import URL
 
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, parse_retry_after
+from tidegate.providers.redact import MAX_RAW, NO_SECRETS, Redactor, cut, request_id_of
 from tidegate.providers.sse import SSEDecoder, SSEEvent, SSELineTooLong
 from tidegate.timers import timeout_after, timeout_at
 
@@ -30,7 +35,10 @@ __all__ = [
     "ErrorInfo",
     "HTTPAnswer",
     "error_info",
+    "error_message",
     "exception_to_error",
+    "is_error_object",
+    "not_an_answer",
     "parse_json_object",
     "post_json",
     "retry_after_from",
@@ -41,8 +49,6 @@ __all__ = [
 NO_CLIENT_TIMEOUT = aiohttp.ClientTimeout(
     total=None, connect=None, sock_read=None, sock_connect=None
 )
-
-_MAX_MESSAGE = 500  # characters of a provider's error text kept in our message
 
 K = ProviderErrorKind
 
@@ -68,38 +74,41 @@ class ErrorInfo:
     code: str
     #: An HTTP status written inside the body (vLLM's integer ``code``), if any.
     status: int | None = None
+    #: A ``request_id`` written in the body (Anthropic's error bodies carry one), raw.
+    request_id: str = ""
 
 
 def exception_to_error(
-    exc: BaseException, *, provider: str, timeout_message: str
+    exc: BaseException,
+    *,
+    provider: str,
+    timeout_message: str,
+    redactor: Redactor = NO_SECRETS,
 ) -> ProviderError | None:
     """The :class:`ProviderError` for a client-side failure, or ``None`` if ``exc`` is not one.
 
-    ``None`` means the exception is a bug or a cancellation and must propagate unchanged.
+    ``None`` means the exception is a bug or a cancellation and must propagate unchanged. A body
+    shorter than its ``Content-Length`` (the connection closed mid-body) is aiohttp's
+    ``ClientPayloadError``, and so a retryable ``connection`` error.
     """
     if isinstance(exc, ProviderError):
         return exc
     # aiohttp's own ServerTimeoutError subclasses TimeoutError, so one branch covers both.
     if isinstance(exc, TimeoutError):
         return ProviderError(K.TIMEOUT, timeout_message, provider=provider)
+    # aiohttp's texts can hold the request URL, and a URL can hold a key (``?key=...``).
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return ProviderError(
-            K.CONNECTION, f"the response was cut off: {_short(exc)}", provider=provider
-        )
+        message = redactor.message(str(exc), head="the response was cut off")
+        return ProviderError(K.CONNECTION, message, provider=provider)
     if isinstance(exc, aiohttp.ClientResponseError):
-        return ProviderError(
-            K.MALFORMED, f"invalid HTTP response: {_short(exc)}", provider=provider
-        )
+        message = redactor.message(str(exc), head="invalid HTTP response")
+        return ProviderError(K.MALFORMED, message, provider=provider)
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return ProviderError(K.CONNECTION, _short(exc) or type(exc).__name__, provider=provider)
+        message = redactor.message(str(exc)) or type(exc).__name__
+        return ProviderError(K.CONNECTION, message, provider=provider)
     if isinstance(exc, SSELineTooLong):
-        return ProviderError(K.MALFORMED, str(exc), provider=provider)
+        return ProviderError(K.MALFORMED, redactor.message(str(exc)), provider=provider)
     return None
-
-
-def _short(value: object) -> str:
-    text = str(value)
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
 
 
 def retry_after_from(headers: Mapping[str, str], now_wall: float) -> float | None:
@@ -121,32 +130,83 @@ def parse_json_object(raw: bytes | str) -> JSONObject | None:
     return value if isinstance(value, dict) else None
 
 
+def is_error_object(data: JSONObject) -> bool:
+    """Whether a decoded body is an error report (``{"error": ...}``, vLLM's ``"object":
+    "error"``, Anthropic's ``"type": "error"``) rather than an answer."""
+    return bool(data.get("error")) or "error" in (data.get("object"), data.get("type"))
+
+
 def error_info(body: bytes | JSONObject) -> ErrorInfo:
     """Message, type and code from an error body in any of the common dialects.
 
     Understood: OpenAI ``{"error": {"message", "type", "code"}}``, Anthropic
-    ``{"type": "error", "error": {"type", "message"}}``, vLLM ``{"object": "error", "message",
-    "type", "code"}``, Ollama ``{"error": "text"}``, and plain text.
+    ``{"type": "error", "error": {"type", "message"}, "request_id"}``, vLLM ``{"object":
+    "error", "message", "type", "code"}``, Ollama ``{"error": "text"}``, and plain text. The
+    text is raw (at most :data:`~tidegate.providers.redact.MAX_RAW` characters): it is for
+    classifying the error, and :func:`error_message` makes what may be shown of it.
     """
     data = body if isinstance(body, dict) else parse_json_object(body)
     if data is None:
         text = body.decode("utf-8", errors="replace").strip() if isinstance(body, bytes) else ""
-        return ErrorInfo(_short(text), "", "")
+        return ErrorInfo(_raw(text), "", "")
+    request_id = request_id_of({}, data)
     inner: Any = data.get("error", data)
     if isinstance(inner, str):
-        return ErrorInfo(_short(inner), "", "")
+        return ErrorInfo(_raw(inner), "", "", request_id=request_id)
     if not isinstance(inner, dict):
-        return ErrorInfo(_short(orjson.dumps(data).decode()), "", "")
+        return ErrorInfo(_raw(orjson.dumps(data).decode()), "", "", request_id=request_id)
     message = inner.get("message")
     kind = inner.get("type")
     code = inner.get("code")
     status = code if type(code) is int and 400 <= code <= 599 else None
     return ErrorInfo(
-        _short(message) if isinstance(message, str) else "",
+        _raw(message) if isinstance(message, str) else "",
         kind if isinstance(kind, str) else "",
         code if isinstance(code, str) else "",
         status,
+        request_id,
     )
+
+
+def _raw(text: str) -> str:
+    return cut(text, MAX_RAW, whole_tokens=True)
+
+
+def error_message(answer: HTTPAnswer, info: ErrorInfo, redactor: Redactor) -> str:
+    """What a caller may see of an error answer: ``HTTP <status> <code>: <text> (request id
+    <id>)``, cleaned by ``redactor``. The status is left out for an error event inside a 200
+    stream, whose HTTP status says nothing about it."""
+    code = redactor.code(info.code) or redactor.code(info.type)
+    status = f"HTTP {answer.status}" if answer.status >= 300 else ""
+    head = " ".join(part for part in (status, code) if part)
+    request_id = request_id_of(answer.headers) or info.request_id
+    return redactor.message(info.message, head=head, request_id=request_id) or "no message"
+
+
+def not_an_answer(
+    answer: HTTPAnswer,
+    problem: str,
+    *,
+    provider: str,
+    redactor: Redactor,
+    data: JSONObject | None = None,
+) -> ProviderError:
+    """The ``malformed`` error for a 2xx whose body is not an answer; ``problem`` says why.
+
+    When the body is an error report, its code and cleaned text are kept in the message.
+    """
+    text = ""
+    request_id = request_id_of(answer.headers)
+    if data is not None and is_error_object(data):
+        info = error_info(data)
+        code = redactor.code(info.code) or redactor.code(info.type)
+        problem = f"{problem} ({code})" if code else problem
+        text = info.message
+        request_id = request_id or info.request_id
+    message = redactor.message(
+        text, head=f"HTTP {answer.status} but not an answer: {problem}", request_id=request_id
+    )
+    return ProviderError(K.MALFORMED, message, provider=provider, status=answer.status)
 
 
 async def post_json(
@@ -157,6 +217,7 @@ async def post_json(
     payload: JSONObject,
     timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
     provider: str,
+    redactor: Redactor = NO_SECRETS,
 ) -> HTTPAnswer:
     """POST ``payload`` as JSON and read the whole answer within ``timeout`` seconds."""
     try:
@@ -170,7 +231,10 @@ async def post_json(
             return HTTPAnswer(response.status, response.headers, body)
     except Exception as exc:
         error = exception_to_error(
-            exc, provider=provider, timeout_message=f"no answer within {timeout:g}s"
+            exc,
+            provider=provider,
+            timeout_message=f"no answer within {timeout:g}s",
+            redactor=redactor,
         )
         if error is None or error is exc:
             raise
@@ -188,6 +252,7 @@ async def stream_events(
     chunk_timeout: float | None,
     total_timeout: float | None,
     error_for: Callable[[HTTPAnswer], ProviderError],
+    redactor: Redactor = NO_SECRETS,
 ) -> AsyncGenerator[SSEEvent, None]:
     """POST ``payload`` and yield the server-sent events of the answer.
 
@@ -238,7 +303,9 @@ async def stream_events(
                 response.release()  # the body is complete: the connection may be reused
                 return
     except Exception as exc:
-        error = exception_to_error(exc, provider=provider, timeout_message=reason)
+        error = exception_to_error(
+            exc, provider=provider, timeout_message=reason, redactor=redactor
+        )
         if error is None or error is exc:
             raise
         raise error from exc
