@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -354,6 +356,30 @@ async def test_service_endpoints(gateway_client: AppFactory) -> None:
         assert "/v1/chat/completions" in spec["paths"]
         assert (await client.get("/v1/chat/completions")).status_code == 405
         assert (await client.get("/nope")).status_code == 404
+
+
+async def test_readyz_is_not_ready_while_the_sqlite_file_is_write_locked(
+    gateway_client: AppFactory, tmp_path: Path
+) -> None:
+    """With SQLite state, readiness asks for the write lock as requests do: while another
+    process holds it, /readyz is 503 (a request with a budget to reserve fails with
+    store_unavailable), and ready again once it is released."""
+    state = {"url": f"sqlite:///{tmp_path}/state.db", "timeout_s": 0.05}
+    config = {**one_route(), "state": state, "budgets": {"calls": 1_000}}
+    async with gateway_client(config) as (client, _):
+        assert (await client.get("/readyz")).status_code == 200
+        other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["problems"] == ["state store unreachable"]
+            refused = await client.post("/v1/chat/completions", json=CHAT)
+            assert refused.json()["error"]["code"] == "store_unavailable"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert (await client.get("/readyz")).status_code == 200
 
 
 async def test_open_breaker_is_reported_but_does_not_unready(gateway_client: AppFactory) -> None:

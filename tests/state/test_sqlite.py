@@ -502,3 +502,35 @@ async def test_a_joined_batch_leaves_the_outer_one_open(tmp_path: Path) -> None:
     await db.committed()
     assert _bucket_rows(tmp_path / "s.db") == 2
     db.close()
+
+
+def test_ping_fails_while_another_connection_holds_the_write_lock(tmp_path: Path) -> None:
+    """Readiness asks for the write lock, as every request does: while another process holds it
+    past the timeout the ping fails, and it succeeds again once the lock is released."""
+    db = SQLiteDatabase(tmp_path / "s.db", timeout_s=0.05)
+    db.ping()
+    other = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreError, match="locked"):
+        db.ping()
+    other.execute("ROLLBACK")
+    other.close()
+    db.ping()
+    db.close()
+
+
+@pytest.mark.parametrize("change", ["moved", "replaced", "deleted"])
+def test_ping_fails_once_the_file_is_no_longer_at_its_path(tmp_path: Path, change: str) -> None:
+    """A database file moved away, replaced or deleted under a running process is not ready:
+    what it writes no longer reaches the file the next process (or a restart) opens."""
+    path = tmp_path / "s.db"
+    db = SQLiteDatabase(path)
+    db.ping()
+    path.rename(tmp_path / "moved.db")
+    if change == "replaced":
+        SQLiteDatabase(path).close()
+    elif change == "deleted":
+        (tmp_path / "moved.db").unlink()
+    with pytest.raises(StoreError, match="moved, deleted or replaced"):
+        db.ping()
+    db.close()

@@ -14,6 +14,7 @@ both.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import sqlite3
 from asyncio import current_task
@@ -269,6 +270,18 @@ class SQLiteDatabase:
             self._migrate()
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
+        #: The file this connection opened, to tell at :meth:`ping` whether it is still the one
+        #: at ``path`` (and not moved away, deleted or replaced).
+        self._file = self._identity()
+
+    def _identity(self) -> tuple[int, int] | None:
+        if self.path == ":memory:":
+            return None
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 0.5) -> SQLiteDatabase:
@@ -422,9 +435,20 @@ class SQLiteDatabase:
                     waiter.set_exception(StoreError(error.message, original=error.original))
 
     def ping(self) -> None:
+        """Raise ``StoreError`` unless a request could write now (readiness): the file at
+        ``path`` is still the one open here, and the write lock is had within the timeout (an
+        empty ``BEGIN IMMEDIATE`` ... ``COMMIT``). A read alone succeeds while another process
+        holds the write lock, or after the file was moved away, when every request fails."""
+        if self._file is not None and self._identity() != self._file:
+            raise StoreError(
+                f"sqlite {self.path}: the database file was moved, deleted or replaced"
+                " since this process opened it"
+            )
         try:
-            self._conn.execute("SELECT 1").fetchone()
+            with self.transaction():
+                pass
         except sqlite3.Error as exc:
+            self.rows_epoch += 1
             raise StoreError(f"sqlite {self.path}: {exc}", original=exc) from exc
 
     def close(self) -> None:
