@@ -30,7 +30,7 @@ from tests.gateway.upstream import (
     running_upstream,
     wait_until,
 )
-from tidegate.policy.retry import RetryPolicy
+from tidegate.policy.retry import RetryOptions
 
 pytestmark = pytest.mark.slow
 
@@ -214,7 +214,7 @@ def test_retry_after_beyond_the_deadline_fails_over_at_once(tmp_path: Path) -> N
 def test_persistent_429_backs_off_with_jitter_then_fails_over(tmp_path: Path) -> None:
     """A 429 without Retry-After is retried after full-jitter waits, retry.attempts times, then fails over."""
     seed = 10
-    policy = RetryPolicy(attempts=3, base=0.2, factor=2.0, cap=0.4)
+    policy = RetryOptions(attempts=3, base=0.2, factor=2.0, cap=0.4)
     draws = random.Random(seed)
     first_wait = policy.delay(0, draws)
     second_wait = policy.delay(1, draws, first_wait)

@@ -12,7 +12,7 @@ from tidegate.lab.replay import ReplayConfig, load_replay_config, replay_log, sa
 from tidegate.lab.workload import Trace, TraceRecord, load_trace
 from tidegate.policy.admission import AdmissionController, AdmissionOptions
 from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
-from tidegate.policy.retry import RetryPolicy
+from tidegate.policy.retry import RetryOptions
 
 
 def steady(n: int, *, outcome: str = "ok", gap: float = 1.0) -> list[TraceRecord]:
@@ -78,7 +78,7 @@ def test_a_breaker_turns_an_outage_into_fast_refusals() -> None:
         Trace(records=tuple(records)),
         config(
             breaker=BreakerOptions(consecutive_failures=3, recovery=100.0),
-            retry=RetryPolicy(attempts=1),
+            retry=RetryOptions(attempts=1),
         ),
     )
     assert result.replayed["circuit_open"] > 20
@@ -95,7 +95,7 @@ def test_retries_recover_a_blip_the_log_recorded_as_a_failure() -> None:
     ]
     result = replay_log(
         Trace(records=tuple(records)),
-        config(retry=RetryPolicy(attempts=3, base=0.5, cap=1.0)),
+        config(retry=RetryOptions(attempts=3, base=0.5, cap=1.0)),
     )
     assert result.changed == {("provider_error", "ok"): 1}
     assert result.retries >= 1
@@ -147,7 +147,7 @@ breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
     loaded = load_replay_config(path)
     assert loaded.admission.classes == ("critical", "standard")
     assert (loaded.admission.slots, loaded.admission.queue_cap) == (3, 5)
-    assert loaded.retry == RetryPolicy(attempts=2, base=0.25, cap=1.0, jitter="equal")  # type: ignore[arg-type]
+    assert loaded.retry == RetryOptions(attempts=2, base=0.25, cap=1.0, jitter="equal")  # type: ignore[arg-type]
     assert loaded.budget_ratio == 0.2
     assert loaded.breaker.consecutive_failures == 2
     assert loaded.breaker.recovery == 9.0

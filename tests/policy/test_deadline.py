@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import tidegate.policy.deadline as deadline_module
 from tidegate.clock import ManualClock
 from tidegate.policy.deadline import Deadline, Layer, chain_problems
-from tidegate.policy.retry import RetryPolicy, provider_layer
+from tidegate.policy.retry import RetryOptions, provider_layer
 
 seconds = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
 
@@ -128,7 +128,7 @@ def test_layer_validates_its_fields(name: str, timeout: float) -> None:
 
 def test_broken_chain_names_both_problems() -> None:
     """A stream limit and a retrying provider that outlive the gateway request are both listed."""
-    provider = provider_layer("provider", 3, 8.0, RetryPolicy(base=0.5, factor=2.0, cap=4.0))
+    provider = provider_layer("provider", 3, 8.0, RetryOptions(base=0.5, factor=2.0, cap=4.0))
     assert provider.timeout_s == 25.5  # 3 x 8 s plus the worst backoff, 0.5 s + 1 s
     chain = [
         Layer("client", 60.0),
@@ -147,7 +147,7 @@ def test_broken_chain_names_both_problems() -> None:
 
 def test_repaired_chain_has_no_problems() -> None:
     """When every layer gives up before the one above it, nothing is listed."""
-    provider = provider_layer("provider", 2, 15.0, RetryPolicy(attempts=2))
+    provider = provider_layer("provider", 2, 15.0, RetryOptions(attempts=2))
     assert provider.timeout_s == 30.5
     chain = [
         Layer("client", 60.0),

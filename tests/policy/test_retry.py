@@ -23,8 +23,8 @@ from tidegate.policy.retry import (
     RetryBudgetDenied,
     RetryEvent,
     RetryGaveUp,
+    RetryOptions,
     RetryPlanner,
-    RetryPolicy,
     RetryScheduled,
     acall_with_deadline,
     backoff_ceiling,
@@ -52,7 +52,7 @@ def test_all_is_sorted() -> None:
 
 def test_default_policy() -> None:
     """The defaults are three tries, 0.5 s base doubling to an 8 s cap, full jitter."""
-    policy = RetryPolicy()
+    policy = RetryOptions()
     assert (policy.attempts, policy.base, policy.factor, policy.cap) == (3, 0.5, 2.0, 8.0)
     assert policy.jitter is Jitter.FULL
     assert policy.min_attempt == 0.01
@@ -75,17 +75,17 @@ def test_default_policy() -> None:
 def test_policy_validation_names_the_field(field_name: str, value: Any) -> None:
     """An invalid option raises ValueError naming the option."""
     with pytest.raises(ValueError, match=field_name):
-        RetryPolicy(**{field_name: value})
+        RetryOptions(**{field_name: value})
 
 
 def test_jitter_may_be_given_as_text() -> None:
     """Options read from a config file may name the jitter mode as a plain string."""
-    assert RetryPolicy(jitter="equal").jitter is Jitter.EQUAL  # type: ignore[arg-type]
+    assert RetryOptions(jitter="equal").jitter is Jitter.EQUAL  # type: ignore[arg-type]
 
 
 def test_no_jitter_doubles_up_to_the_cap() -> None:
     """Without jitter each retry waits the exponential ceiling, which stops at the cap."""
-    policy = RetryPolicy(jitter=Jitter.NONE)
+    policy = RetryOptions(jitter=Jitter.NONE)
     rng = random.Random(0)
     assert [policy.delay(n, rng) for n in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
 
@@ -93,12 +93,12 @@ def test_no_jitter_doubles_up_to_the_cap() -> None:
 def test_huge_retry_numbers_do_not_overflow() -> None:
     """A ceiling past the float range is simply the cap."""
     assert backoff_ceiling(100_000, base=0.5, factor=2.0, cap=8.0) == 8.0
-    assert RetryPolicy(jitter=Jitter.NONE).delay(100_000, random.Random(0)) == 8.0
+    assert RetryOptions(jitter=Jitter.NONE).delay(100_000, random.Random(0)) == 8.0
 
 
 def test_max_delay_and_worst_total_backoff() -> None:
     """The worst case of each retry is its ceiling; the total is their sum over the retries."""
-    policy = RetryPolicy(attempts=4)
+    policy = RetryOptions(attempts=4)
     assert [policy.max_delay(n) for n in range(5)] == [0.5, 1.0, 2.0, 4.0, 8.0]
     assert policy.worst_total_backoff() == 3.5
     assert policy.worst_total_backoff(6) == 15.5
@@ -107,18 +107,18 @@ def test_max_delay_and_worst_total_backoff() -> None:
 
 def test_decorrelated_worst_case_triples_from_the_base() -> None:
     """Decorrelated waits can triple each time from the base, until the cap."""
-    policy = RetryPolicy(jitter=Jitter.DECORRELATED)
+    policy = RetryOptions(jitter=Jitter.DECORRELATED)
     assert [policy.max_delay(n) for n in range(4)] == [1.5, 4.5, 8.0, 8.0]
 
 
 def test_provider_layer_adds_tries_and_worst_backoff() -> None:
     """A retrying provider call may last every try's timeout plus every worst-case wait."""
-    layer = provider_layer("provider", 4, 10.0, RetryPolicy())
+    layer = provider_layer("provider", 4, 10.0, RetryOptions())
     assert (layer.name, layer.timeout_s) == ("provider", 43.5)
 
 
 policies = st.builds(
-    RetryPolicy,
+    RetryOptions,
     attempts=st.integers(1, 10),
     base=st.floats(0.0, 5.0),
     factor=st.floats(1.0, 4.0),
@@ -135,7 +135,7 @@ policies = st.builds(
     seed=st.integers(0, 2**32),
 )
 def test_jitter_stays_within_its_bounds(
-    policy: RetryPolicy, retry_number: int, previous: float | None, seed: int
+    policy: RetryOptions, retry_number: int, previous: float | None, seed: int
 ) -> None:
     """Every jitter mode waits within its documented range, and never beyond the cap."""
     delay = policy.delay(retry_number, random.Random(seed), previous)
@@ -156,7 +156,7 @@ def test_jitter_stays_within_its_bounds(
 
 @settings(max_examples=200, deadline=None)
 @given(policy=policies, seed=st.integers(0, 2**32))
-def test_chained_delays_never_exceed_max_delay(policy: RetryPolicy, seed: int) -> None:
+def test_chained_delays_never_exceed_max_delay(policy: RetryOptions, seed: int) -> None:
     """Delays fed back as `previous`, as the call functions do, stay within max_delay."""
     rng = random.Random(seed)
     previous: float | None = None
@@ -336,8 +336,8 @@ def test_budget_counts_each_try_in_the_slice_it_was_made_in(
         assert budget.available() == max(0.0, allowance - spent)
 
 
-def planner(policy: RetryPolicy | None = None, **kwargs: Any) -> RetryPlanner:
-    return RetryPlanner(policy or RetryPolicy(), rng=random.Random(3), **kwargs)
+def planner(policy: RetryOptions | None = None, **kwargs: Any) -> RetryPlanner:
+    return RetryPlanner(policy or RetryOptions(), rng=random.Random(3), **kwargs)
 
 
 def test_start_caps_the_attempt_at_the_time_left() -> None:
@@ -387,7 +387,7 @@ def test_retry_on_narrows_what_is_retried() -> None:
 def test_attempts_are_exhausted_after_the_last_try() -> None:
     """After attempt number `attempts` fails, there is no other."""
     deadline = Deadline.after(ManualClock(0.0), 60.0)
-    plan = planner(RetryPolicy(attempts=2))
+    plan = planner(RetryOptions(attempts=2))
     assert isinstance(plan.after_failure(timeout_error(), 1, deadline, 5.0), Retry)
     assert plan.after_failure(timeout_error(), 2, deadline, 5.0) == GiveUp(R.ATTEMPTS_EXHAUSTED)
 
@@ -396,7 +396,7 @@ def test_retry_waits_the_jittered_backoff() -> None:
     """Without retry_after the wait is the policy's jittered delay for that retry."""
     clock = ManualClock(0.0)
     deadline = Deadline.after(clock, 60.0)
-    expected = RetryPolicy().delay(1, random.Random(3))
+    expected = RetryOptions().delay(1, random.Random(3))
     step = planner().after_failure(failure(K.OVERLOADED), 2, deadline, 5.0)
     assert step == Retry(
         delay=expected, next_timeout=5.0, attempt=3, kind=K.OVERLOADED, from_retry_after=False
@@ -407,7 +407,7 @@ def test_retry_after_is_waited_exactly_and_uses_no_randomness() -> None:
     """A provider's retry_after replaces the backoff, and leaves the rng untouched."""
     rng = random.Random(5)
     before = rng.getstate()
-    plan = RetryPlanner(RetryPolicy(), rng=rng)
+    plan = RetryPlanner(RetryOptions(), rng=rng)
     deadline = Deadline.after(ManualClock(0.0), 10.0)
     step = plan.after_failure(failure(K.RATE_LIMITED, retry_after=6.0), 1, deadline, 5.0)
     assert step == Retry(
@@ -426,7 +426,7 @@ def test_retry_after_beyond_the_time_left_gives_up_at_once() -> None:
 def test_a_wait_that_would_reach_the_deadline_is_not_taken() -> None:
     """If the backoff plus the shortest useful attempt does not fit, the planner gives up."""
     clock = ManualClock(0.0)
-    policy = RetryPolicy(base=2.0, jitter=Jitter.NONE)
+    policy = RetryOptions(base=2.0, jitter=Jitter.NONE)
     fits = Deadline.after(clock, 2.02)
     too_tight = Deadline.after(clock, 2.005)
     assert isinstance(planner(policy).after_failure(timeout_error(), 1, fits, 5.0), Retry)
@@ -447,7 +447,7 @@ def test_budget_is_not_spent_on_a_retry_that_is_not_made() -> None:
     """The budget is asked last, so refusals for other reasons leave it untouched."""
     clock = ManualClock(0.0)
     budget = RetryBudget(clock, ratio=0.0, min_retries_per_second=0.1, window=10.0)
-    plan = planner(RetryPolicy(attempts=2), budget=budget)
+    plan = planner(RetryOptions(attempts=2), budget=budget)
     deadline = Deadline.after(clock, 60.0)
     plan.after_failure(failure(K.BAD_REQUEST), 1, deadline, 5.0)
     plan.after_failure(timeout_error(), 2, deadline, 5.0)
@@ -479,7 +479,7 @@ def test_the_async_call_refuses_a_bad_per_try_as_the_planner_does(per_try: float
     with pytest.raises(ValueError) as refused:
         asyncio.run(
             acall_with_deadline(
-                fn, deadline, RetryPolicy(), per_try=per_try, sleep=sleep, rng=random.Random(0)
+                fn, deadline, RetryOptions(), per_try=per_try, sleep=sleep, rng=random.Random(0)
             )
         )
     assert str(refused.value) == str(planned.value)
@@ -524,7 +524,7 @@ def run_sync(
     seconds: float,
     *,
     seed: int = 1,
-    policy: RetryPolicy | None = None,
+    policy: RetryOptions | None = None,
     **kwargs: Any,
 ) -> Outcome:
     clock = ManualClock(0.0)
@@ -535,7 +535,7 @@ def run_sync(
         outcome.result = call_with_deadline(
             model,
             Deadline.after(clock, seconds),
-            policy or RetryPolicy(),
+            policy or RetryOptions(),
             per_try=5.0,
             sleep=clock.sleep,
             rng=random.Random(seed),
@@ -552,7 +552,7 @@ async def run_async(
     seconds: float,
     *,
     seed: int = 1,
-    policy: RetryPolicy | None = None,
+    policy: RetryOptions | None = None,
     **kwargs: Any,
 ) -> Outcome:
     clock = ManualClock(0.0)
@@ -563,7 +563,7 @@ async def run_async(
         outcome.result = await acall_with_deadline(
             model.acall,
             Deadline.after(clock, seconds),
-            policy or RetryPolicy(),
+            policy or RetryOptions(),
             per_try=5.0,
             sleep=clock.asleep,
             rng=random.Random(seed),
@@ -597,7 +597,7 @@ def test_invalid_request_is_tried_once(error: Exception) -> None:
 
 def test_two_timeouts_then_success_gets_5_5_and_the_remainder() -> None:
     """With 12 s left and 5 s per try, the third try gets what the two tries and waits left."""
-    policy = RetryPolicy()
+    policy = RetryOptions()
     rng = random.Random(1)
     first_wait = policy.delay(0, rng)
     second_wait = policy.delay(1, rng, first_wait)
@@ -661,7 +661,7 @@ def test_an_overshooting_sleep_cannot_start_a_late_attempt() -> None:
         call_with_deadline(
             model,
             Deadline.after(clock, 6.0),
-            RetryPolicy(),
+            RetryOptions(),
             per_try=5.0,
             sleep=slow_sleep,
             rng=random.Random(0),
@@ -676,7 +676,7 @@ def test_an_overshooting_sleep_cannot_start_a_late_attempt() -> None:
 def test_seeded_runs_repeat_exactly() -> None:
     """Two runs with the same seed and failures give identical traces."""
     plan = [failure(K.SERVER), timeout_error(), failure(K.OVERLOADED)]
-    policy = RetryPolicy(attempts=5, jitter=Jitter.DECORRELATED)
+    policy = RetryOptions(attempts=5, jitter=Jitter.DECORRELATED)
     first = run_sync(plan, 40.0, seed=11, policy=policy)
     second = run_sync(plan, 40.0, seed=11, policy=policy)
     assert first.timeouts == second.timeouts
@@ -725,7 +725,7 @@ async def test_async_cancellation_is_not_retried() -> None:
         await acall_with_deadline(
             cancelled,
             Deadline.after(clock, 30.0),
-            RetryPolicy(),
+            RetryOptions(),
             per_try=5.0,
             sleep=clock.asleep,
             rng=random.Random(0),
@@ -759,7 +759,7 @@ def test_no_attempt_starts_at_or_after_the_deadline(
     per_try: float,
     seconds: float,
     fail_spends: float,
-    policy: RetryPolicy,
+    policy: RetryOptions,
     use_budget: bool,
     seed: int,
 ) -> None:

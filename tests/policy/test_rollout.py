@@ -14,8 +14,8 @@ from tidegate.policy.rollout import (
     CanaryHeld,
     CanaryProceeded,
     CanaryRolledBack,
-    GateRules,
     RolloutGate,
+    RolloutOptions,
     Schedule,
     Verdict,
     WindowStats,
@@ -312,7 +312,7 @@ def test_stricter_margin_rolls_back_sooner() -> None:
     """The same canary passes the default margin and rolls back under a stricter one."""
     canary = stats(requests=500, errors=20)
     assert decide(canary, BASELINE).verdict is Verdict.PROCEED
-    strict = GateRules(error_margin=0.005)
+    strict = RolloutOptions(error_margin=0.005)
     assert decide(canary, BASELINE, strict).verdict is Verdict.ROLLBACK
 
 
@@ -369,7 +369,7 @@ def test_missing_data_never_proceeds(canary: WindowStats, baseline: WindowStats)
 def test_gate_rules_validate_each_field(kwargs: dict[str, float], field: str) -> None:
     """A bad threshold raises ValueError naming the field."""
     with pytest.raises(ValueError, match=field):
-        GateRules(**kwargs)  # type: ignore[arg-type]
+        RolloutOptions(**kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,8 @@ import structlog
 from tidegate.gateway.config import CanaryConfig, Config, VersionConfig
 from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.rollout import (
-    GateRules,
     RolloutGate,
+    RolloutOptions,
     Schedule,
     Verdict,
     WindowStats,
@@ -159,7 +159,7 @@ class Canary:
 
     @classmethod
     def from_config(cls, alias: str, config: CanaryConfig) -> Canary:
-        rules = GateRules(
+        rules = RolloutOptions(
             min_requests=config.min_requests,
             min_baseline_requests=config.min_baseline_requests,
             error_margin=config.error_margin,

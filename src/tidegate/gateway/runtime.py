@@ -44,7 +44,7 @@ from tidegate.policy.budget import BudgetOptions, Quota
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
-from tidegate.policy.retry import Jitter, RetryBudget, RetryPolicy
+from tidegate.policy.retry import Jitter, RetryBudget, RetryOptions
 from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan, retry_same
 from tidegate.providers.base import Provider
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
@@ -179,7 +179,7 @@ class Runtime:
     provider_configs: dict[str, ProviderConfig]
     breakers: dict[str, CircuitBreaker]
     routes: dict[str, Route]
-    retry_policy: RetryPolicy
+    retry_policy: RetryOptions
     retry_budget: RetryBudget
     failover: FailoverOptions
     admission: AdmissionGate
@@ -302,9 +302,9 @@ class Runtime:
         return identity.priority
 
 
-def retry_policy_from(config: Config) -> RetryPolicy:
+def retry_policy_from(config: Config) -> RetryOptions:
     r = config.retry
-    return RetryPolicy(
+    return RetryOptions(
         attempts=r.attempts, base=r.base_s, factor=r.factor, cap=r.cap_s, jitter=Jitter(r.jitter)
     )
 

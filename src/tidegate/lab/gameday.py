@@ -30,8 +30,8 @@ from typing import Any, Final
 
 from tidegate.lab.report import percentile
 from tidegate.policy.rollout import (
-    GateRules,
     RolloutGate,
+    RolloutOptions,
     Schedule,
     Verdict,
     WindowStats,
@@ -99,8 +99,8 @@ class GamedayScenario:
     rolling_instances: int = 10
     #: The canary's traffic shares.
     canary_shares: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
-    #: The gate's thresholds (see :class:`~tidegate.policy.rollout.GateRules`).
-    rules: GateRules = field(default_factory=GateRules)
+    #: The gate's thresholds (see :class:`~tidegate.policy.rollout.RolloutOptions`).
+    rules: RolloutOptions = field(default_factory=RolloutOptions)
     salt: str = "gameday"
 
     def __post_init__(self) -> None:
@@ -176,7 +176,7 @@ def load_scenario(path: str | Path | None = None) -> GamedayScenario:
         if not isinstance(rules, dict):
             raise ValueError(f"{where}: rules must be an object")
         try:
-            values["rules"] = GateRules(**rules)
+            values["rules"] = RolloutOptions(**rules)
         except TypeError as exc:
             raise ValueError(f"{where}: rules: {exc}") from None
     if "canary_shares" in values:

@@ -36,7 +36,7 @@ from tidegate.lab.workload import Trace, TraceRecord
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
 from tidegate.policy.breaker import BreakerOptions, CircuitBreaker, Permit
 from tidegate.policy.deadline import Deadline
-from tidegate.policy.retry import Attempt, GiveUp, RetryBudget, RetryPlanner, RetryPolicy
+from tidegate.policy.retry import Attempt, GiveUp, RetryBudget, RetryOptions, RetryPlanner
 
 __all__ = [
     "OUTCOMES",
@@ -105,7 +105,7 @@ class ReplayConfig:
     admission: AdmissionOptions = field(
         default_factory=lambda: AdmissionOptions(classes=("critical", "standard", "batch"))
     )
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryOptions = field(default_factory=RetryOptions)
     budget_ratio: float = 0.1
     budget_floor_per_s: float = 1.0
     breaker: BreakerOptions = field(default_factory=BreakerOptions)
@@ -148,7 +148,7 @@ def load_replay_config(path: str | Path) -> ReplayConfig:
     admission.setdefault("queue_cap", 256)  # the gateway's default
     try:
         options = AdmissionOptions(**admission)
-        policy = RetryPolicy(
+        policy = RetryOptions(
             attempts=int(retry.get("attempts", 3)),
             base=float(retry.get("base_s", 0.5)),
             factor=float(retry.get("factor", 2.0)),

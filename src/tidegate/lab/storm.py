@@ -34,8 +34,8 @@ from tidegate.policy.retry import (
     GiveUp,
     Jitter,
     RetryBudget,
+    RetryOptions,
     RetryPlanner,
-    RetryPolicy,
 )
 
 __all__ = [
@@ -131,10 +131,10 @@ class StormResult:
         }
 
 
-def _policy(strategy: str, options: StormOptions) -> RetryPolicy:
+def _policy(strategy: str, options: StormOptions) -> RetryOptions:
     if strategy == "naive":
-        return RetryPolicy(attempts=options.attempts, base=0.0, cap=0.0, jitter=Jitter.NONE)
-    return RetryPolicy(
+        return RetryOptions(attempts=options.attempts, base=0.0, cap=0.0, jitter=Jitter.NONE)
+    return RetryOptions(
         attempts=options.attempts, base=options.base, cap=options.cap, jitter=Jitter.FULL
     )
 

@@ -42,7 +42,7 @@ from tidegate.errors import ConfigError
 from tidegate.gateway.config import Config, load_config
 from tidegate.ops.findings import Finding, Rule, Severity, rule_table
 from tidegate.policy.deadline import Layer, chain_problems
-from tidegate.policy.retry import Jitter, RetryPolicy, provider_layer
+from tidegate.policy.retry import Jitter, RetryOptions, provider_layer
 
 __all__ = [
     "AWS_IDLE_TIMEOUT",
@@ -197,9 +197,9 @@ def load_timing_config(path: Path) -> tuple[Config | None, list[Finding]]:
         return None, [RULES["TMO001"].finding(refusal, str(path))]
 
 
-def _retry_policy(config: Config) -> RetryPolicy:
+def _retry_policy(config: Config) -> RetryOptions:
     r = config.retry
-    return RetryPolicy(
+    return RetryOptions(
         attempts=r.attempts, base=r.base_s, factor=r.factor, cap=r.cap_s, jitter=Jitter(r.jitter)
     )
 

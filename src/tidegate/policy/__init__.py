@@ -5,6 +5,8 @@ names below are the main objects of each policy; every module's own ``__all__`` 
 events and pure helper math), e.g. ``tidegate.policy.rollout.decide``.
 """
 
+import warnings
+
 from tidegate.policy.admission import (
     AdmissionController,
     AdmissionOptions,
@@ -12,6 +14,7 @@ from tidegate.policy.admission import (
     Ticket,
     TicketState,
 )
+from tidegate.policy.attempts import AttemptPolicy, Attempts, is_evidence
 from tidegate.policy.autoscale import (
     DampedLaw,
     DampedOptions,
@@ -42,16 +45,16 @@ from tidegate.policy.ratelimit import (
 from tidegate.policy.retry import (
     Jitter,
     RetryBudget,
+    RetryOptions,
     RetryPlanner,
-    RetryPolicy,
     acall_with_deadline,
     call_with_deadline,
     provider_layer,
 )
 from tidegate.policy.rollout import (
     GateDecision,
-    GateRules,
     RolloutGate,
+    RolloutOptions,
     Schedule,
     Verdict,
     WindowStats,
@@ -73,6 +76,8 @@ from tidegate.policy.routing import (
 __all__ = [
     "AdmissionController",
     "AdmissionOptions",
+    "AttemptPolicy",
+    "Attempts",
     "AuditEntry",
     "BreakerOptions",
     "BreakerState",
@@ -91,7 +96,6 @@ __all__ = [
     "FlagSet",
     "FlagSpec",
     "GateDecision",
-    "GateRules",
     "Jitter",
     "KillSwitchMode",
     "Layer",
@@ -102,9 +106,10 @@ __all__ = [
     "RefusalReason",
     "Reservation",
     "RetryBudget",
+    "RetryOptions",
     "RetryPlanner",
-    "RetryPolicy",
     "RolloutGate",
+    "RolloutOptions",
     "RoutePlan",
     "ScaleDecision",
     "ScaleSignals",
@@ -124,6 +129,7 @@ __all__ = [
     "cohort_bucket",
     "describe_attempts",
     "in_cohort",
+    "is_evidence",
     "next_candidates",
     "plan_route",
     "provider_layer",
@@ -131,3 +137,19 @@ __all__ = [
     "retry_same",
     "wilson_interval",
 ]
+
+
+_RENAMED = {"RetryPolicy": RetryOptions, "GateRules": RolloutOptions}
+
+
+def __getattr__(name: str) -> object:
+    # The names of the previous release, kept for one release (see the modules' own).
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"{name} is now {new.__name__}; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return new
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Three controls keep retries useful instead of harmful:
 
-- **Backoff with jitter** (:class:`RetryPolicy`): each retry waits longer than the one before, by
+- **Backoff with jitter** (:class:`RetryOptions`): each retry waits longer than the one before, by
   a random amount, so that clients that failed together do not come back together.
 - **A retry budget** (:class:`RetryBudget`): over a sliding window, retries may add only a small
   share of the first tries (plus a small floor), so a provider that is down does not receive
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -41,8 +42,8 @@ __all__ = [
     "RetryBudgetDenied",
     "RetryEvent",
     "RetryGaveUp",
+    "RetryOptions",
     "RetryPlanner",
-    "RetryPolicy",
     "RetryScheduled",
     "acall_with_deadline",
     "backoff_ceiling",
@@ -88,7 +89,7 @@ def backoff_ceiling(retry_number: int, *, base: float, factor: float, cap: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
+class RetryOptions:
     """How many tries, and how long to wait between them.
 
     Retries are numbered from 0: retry 0 is the wait before the second attempt.
@@ -174,7 +175,7 @@ class RetryPolicy:
         return math.fsum(self.max_delay(n) for n in range(tries - 1))
 
 
-def provider_layer(name: str, attempts: int, per_try_s: float, policy: RetryPolicy) -> Layer:
+def provider_layer(name: str, attempts: int, per_try_s: float, policy: RetryOptions) -> Layer:
     """The timeout layer of a retrying provider call, for :func:`chain_problems`.
 
     It may last ``attempts`` times the per-try timeout plus the worst-case total backoff. A
@@ -401,7 +402,7 @@ class RetryPlanner:
 
     def __init__(
         self,
-        policy: RetryPolicy,
+        policy: RetryOptions,
         *,
         rng: random.Random,
         budget: RetryBudget | None = None,
@@ -464,7 +465,7 @@ class RetryPlanner:
         )
 
 
-def _attempt_timeout(policy: RetryPolicy, deadline: Deadline, per_try: float) -> float | None:
+def _attempt_timeout(policy: RetryOptions, deadline: Deadline, per_try: float) -> float | None:
     """An attempt's timeout, ``min(per_try, time left)``; None when too little time is left."""
     _check_per_try(per_try)
     remaining = deadline.remaining()
@@ -545,7 +546,7 @@ class _Run:
 def call_with_deadline(
     fn: Callable[[float], T],
     deadline: Deadline,
-    policy: RetryPolicy,
+    policy: RetryOptions,
     *,
     per_try: float,
     sleep: Callable[[float], None],
@@ -583,7 +584,7 @@ def call_with_deadline(
 async def acall_with_deadline(
     fn: Callable[[float], Awaitable[T]],
     deadline: Deadline,
-    policy: RetryPolicy,
+    policy: RetryOptions,
     *,
     per_try: float,
     sleep: Callable[[float], Awaitable[None]],
@@ -629,3 +630,16 @@ async def acall_with_deadline(
             if delay is None:
                 raise
             last = error
+
+
+def __getattr__(name: str) -> object:
+    # The names of the previous release, kept for one release: the options of a policy are
+    # called ...Options everywhere else.
+    if name == "RetryPolicy":
+        warnings.warn(
+            "RetryPolicy is now RetryOptions; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return RetryOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

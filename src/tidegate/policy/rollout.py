@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,8 +33,8 @@ __all__ = [
     "CanaryProceeded",
     "CanaryRolledBack",
     "GateDecision",
-    "GateRules",
     "RolloutGate",
+    "RolloutOptions",
     "RolloutStep",
     "Schedule",
     "Verdict",
@@ -159,7 +160,7 @@ class WindowStats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GateRules:
+class RolloutOptions:
     """The gate's thresholds.
 
     - ``min_requests`` (200): canary requests in the window before the gate may proceed or
@@ -200,7 +201,7 @@ class GateRules:
             raise ValueError(f"z must be a finite number > 0, got {self.z!r}")
 
 
-DEFAULT_RULES: Final = GateRules()
+DEFAULT_RULES: Final = RolloutOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +265,7 @@ def _ratio_check(
 
 
 def decide(
-    canary: WindowStats, baseline: WindowStats, rules: GateRules = DEFAULT_RULES
+    canary: WindowStats, baseline: WindowStats, rules: RolloutOptions = DEFAULT_RULES
 ) -> GateDecision:
     """Judge the canary's window against the baseline's window from the same time."""
     rollback: list[str] = []
@@ -395,7 +396,7 @@ class RolloutGate:
 
     def __init__(
         self,
-        rules: GateRules = DEFAULT_RULES,
+        rules: RolloutOptions = DEFAULT_RULES,
         schedule: Schedule = DEFAULT_SCHEDULE,
         *,
         on_event: Callable[[CanaryProceeded | CanaryHeld | CanaryRolledBack], None] | None = None,
@@ -427,3 +428,16 @@ class RolloutGate:
 
     def __repr__(self) -> str:
         return f"RolloutGate({self.rules!r}, {self.schedule!r})"
+
+
+def __getattr__(name: str) -> object:
+    # The names of the previous release, kept for one release: the options of a policy are
+    # called ...Options everywhere else.
+    if name == "GateRules":
+        warnings.warn(
+            "GateRules is now RolloutOptions; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return RolloutOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
