@@ -11,9 +11,10 @@ the provider was healthy at that moment, one that failed with ``provider_<kind>`
 failing that way; refusals by the gateway say nothing about it. A first attempt gets its own
 request's recorded outcome and latency; a retry gets the provider's state at the moment it is
 made (the latest evidence before it). Each request then goes through the real
-:class:`~tidegate.policy.admission.AdmissionController`,
-:class:`~tidegate.policy.retry.RetryPlanner` (with its budget) and
-:class:`~tidegate.policy.breaker.CircuitBreaker`, and the report compares the outcomes.
+:class:`~tidegate.policy.admission.AdmissionController`, then the gateway's own combination of
+retries, retry budget and breaker (:class:`~tidegate.policy.attempts.AttemptPolicy`, driven on
+the event queue by :func:`~tidegate.lab.calls.run_call`: a permit is released, not failed, when
+the error says nothing about the provider), and the report compares the outcomes.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ from typing import Any, Final
 
 import yaml
 
-from tidegate.errors import CircuitOpen, ProviderError, ProviderErrorKind, Rejected
+from tidegate.errors import DeadlineExceeded, ProviderError, ProviderErrorKind, Rejected
+from tidegate.lab.calls import run_call
 from tidegate.lab.engine import EventQueue
 from tidegate.lab.report import percentile
 from tidegate.lab.workload import Trace, TraceRecord
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
-from tidegate.policy.breaker import BreakerOptions, CircuitBreaker, Permit
+from tidegate.policy.attempts import AttemptPolicy, Call, Stop
+from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
 from tidegate.policy.deadline import Deadline
-from tidegate.policy.retry import Attempt, GiveUp, RetryBudget, RetryOptions, RetryPlanner
+from tidegate.policy.retry import RetryBudget, RetryOptions
+from tidegate.policy.routing import ProviderSpec, RoutePlan
 
 __all__ = [
     "OUTCOMES",
@@ -47,6 +51,8 @@ __all__ = [
     "sample_log",
 ]
 
+_PROVIDER: Final = ProviderSpec("provider", frozenset({"internal"}))
+_PLAN: Final = RoutePlan((_PROVIDER,), ())
 #: Outcome groups a replayed request can end in.
 OUTCOMES: Final = ("ok", "provider_error", "shed", "expired", "circuit_open", "other")
 
@@ -269,17 +275,20 @@ class _Replay:
         self.clock = clock
         self.health = _Health(trace.records)
         self.controller = AdmissionController(config.admission, clock)
-        self.budget = RetryBudget(
-            clock, ratio=config.budget_ratio, min_retries_per_second=config.budget_floor_per_s
-        )
-        self.planner = RetryPlanner(
-            config.retry, rng=random.Random(f"tidegate-lab/replay/{seed}"), budget=self.budget
-        )
-        self.breaker = CircuitBreaker(
-            "provider",
-            config.breaker,
-            clock=clock,
-            rng=random.Random(f"tidegate-lab/replay/{seed}/breaker"),
+        self.policy = AttemptPolicy(
+            config.retry,
+            breakers={
+                "provider": CircuitBreaker(
+                    "provider",
+                    config.breaker,
+                    clock=clock,
+                    rng=random.Random(f"tidegate-lab/replay/{seed}/breaker"),
+                )
+            },
+            rng=random.Random(f"tidegate-lab/replay/{seed}"),
+            budget=RetryBudget(
+                clock, ratio=config.budget_ratio, min_retries_per_second=config.budget_floor_per_s
+            ),
         )
         self.records = trace.records
         self.outcome: list[str] = ["other"] * len(trace.records)
@@ -320,81 +329,39 @@ class _Replay:
 
     def call(self, ticket: Ticket, index: int) -> None:
         deadline = Deadline.at_time(self.clock, self.records[index].at + self.config.deadline)
-        self.budget.record_first_try()
-        self.attempt(ticket, index, deadline, 1, None)
+        attempts = self.policy.start(_PLAN, deadline, self._per_try, [])
 
-    def attempt(
-        self,
-        ticket: Ticket,
-        index: int,
-        deadline: Deadline,
-        number: int,
-        previous_delay: float | None,
-    ) -> None:
-        step = self.planner.start(deadline, self.config.per_try)
-        if isinstance(step, GiveUp):
-            self.done(ticket, index, "expired")
-            return
-        assert isinstance(step, Attempt)
-        try:
-            permit = self.breaker.acquire(deadline_at=deadline.at)
-        except CircuitOpen:
-            self.done(ticket, index, "circuit_open")
-            return
+        def provider(call: Call) -> tuple[float, ProviderError | None]:
+            return self.provider(index, call)
+
+        def ended(stop: Stop | None) -> None:
+            self.done(ticket, index, "ok" if stop is None else _stopped(stop))
+
+        run_call(self.queue, attempts, provider, ended)
+
+    def _per_try(self, spec: ProviderSpec) -> float:
+        return self.config.per_try
+
+    def provider(self, index: int, call: Call) -> tuple[float, ProviderError | None]:
+        """How the provider answers this call: a first attempt as the log recorded it, a retry
+        as the provider was doing at that moment."""
         self.calls += 1
-        if number > 1:
+        if call.attempt > 1:
             self.retries += 1
         record = self.records[index]
-        now = self.clock.now()
-        if number == 1 and (record.outcome == "ok" or _provider_kind(record.outcome)):
+        if call.attempt == 1 and (record.outcome == "ok" or _provider_kind(record.outcome)):
             kind = _provider_kind(record.outcome)
             latency = record.latency if record.latency is not None else self.health.typical_latency
         else:
-            kind = self.health.at(now)
+            kind = self.health.at(self.clock.now())
             latency = (
                 record.latency
                 if record.latency is not None and record.outcome == "ok"
                 else self.health.typical_latency
             )
-        if latency > step.timeout:
-            latency, kind = step.timeout, ProviderErrorKind.TIMEOUT
-        self.queue.at(
-            now + latency,
-            self.settle,
-            ticket,
-            index,
-            deadline,
-            number,
-            previous_delay,
-            kind,
-            permit,
-        )
-
-    def settle(
-        self,
-        ticket: Ticket,
-        index: int,
-        deadline: Deadline,
-        number: int,
-        previous_delay: float | None,
-        kind: ProviderErrorKind | None,
-        permit: Permit,
-    ) -> None:
         if kind is None:
-            permit.success()
-            self.done(ticket, index, "ok")
-            return
-        permit.failure()
-        error = ProviderError(kind, "replayed failure", provider="provider")
-        plan = self.planner.after_failure(
-            error, number, deadline, self.config.per_try, previous_delay=previous_delay
-        )
-        if isinstance(plan, GiveUp):
-            self.done(ticket, index, "provider_error")
-            return
-        self.queue.after(
-            plan.delay, self.attempt, ticket, index, deadline, plan.attempt, plan.delay
-        )
+            return latency, None
+        return latency, ProviderError(kind, "replayed failure", provider="provider")
 
     def done(self, ticket: Ticket, index: int, outcome: str) -> None:
         self.outcome[index] = outcome
@@ -437,6 +404,15 @@ class _Replay:
             retries=self.retries,
             by_class={k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
         )
+
+
+def _stopped(stop: Stop) -> str:
+    """The outcome group of a call that gave up."""
+    if stop.reason == "circuit_open":
+        return "circuit_open"
+    if isinstance(stop.error, DeadlineExceeded):
+        return "expired"
+    return "provider_error"
 
 
 def replay_log(trace: Trace, config: ReplayConfig, *, seed: int = 0) -> ReplayResult:

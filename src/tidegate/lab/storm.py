@@ -3,9 +3,10 @@ and a breaker.
 
 Clients send new requests (Poisson) to one provider that can take ``capacity`` calls in any one
 second; calls beyond that fail as overloaded. During the outage every call fails. Each request
-has a deadline and is driven by the real :class:`~tidegate.policy.retry.RetryPlanner` (with a
-:class:`~tidegate.policy.retry.RetryBudget` and a :class:`~tidegate.policy.breaker.CircuitBreaker`
-when the strategy has them), so the numbers describe tidegate's own retry code:
+has a deadline and is driven through the gateway's own combination of policies
+(:class:`~tidegate.policy.attempts.AttemptPolicy`, run on the event queue by
+:func:`~tidegate.lab.calls.run_call`): the real retry planner, with a retry budget and a circuit
+breaker when the strategy has them, so the numbers describe tidegate's own retry code:
 
 - ``naive``: up to four tries, retried at once;
 - ``backoff``: up to four tries, full-jitter exponential backoff;
@@ -25,18 +26,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tidegate.errors import CircuitOpen, ProviderError, ProviderErrorKind
+from tidegate.errors import ProviderError, ProviderErrorKind
+from tidegate.lab.calls import run_call
 from tidegate.lab.engine import EventQueue
-from tidegate.policy.breaker import BreakerOptions, CircuitBreaker, Permit
+from tidegate.policy.attempts import AttemptPolicy, Call, Stop
+from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
 from tidegate.policy.deadline import Deadline
-from tidegate.policy.retry import (
-    Attempt,
-    GiveUp,
-    Jitter,
-    RetryBudget,
-    RetryOptions,
-    RetryPlanner,
-)
+from tidegate.policy.retry import Jitter, RetryBudget, RetryOptions
+from tidegate.policy.routing import ProviderSpec, RoutePlan
 
 __all__ = [
     "STRATEGIES",
@@ -48,6 +45,10 @@ __all__ = [
 
 #: The strategies, from the least to the most protective.
 STRATEGIES: Final = ("naive", "backoff", "budget", "breaker")
+#: The strategies without a breaker get one that never opens (its verdicts change nothing).
+_NEVER_OPENS: Final = BreakerOptions(consecutive_failures=2**62, minimum_calls=2**62)
+_PROVIDER: Final = ProviderSpec("provider", frozenset({"internal"}))
+_PLAN: Final = RoutePlan((_PROVIDER,), ())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,21 +161,18 @@ class _Storm:
             if strategy in ("budget", "breaker")
             else None
         )
-        self.budget = budget
-        self.planner = RetryPlanner(
+        self.policy = AttemptPolicy(
             _policy(strategy, options),
+            breakers={
+                "provider": CircuitBreaker(
+                    "provider",
+                    options.breaker if strategy == "breaker" else _NEVER_OPENS,
+                    clock=clock,
+                    rng=random.Random(f"tidegate-lab/storm/{seed}/breaker"),
+                )
+            },
             rng=random.Random(f"tidegate-lab/storm/{seed}/jitter"),
             budget=budget,
-        )
-        self.breaker = (
-            CircuitBreaker(
-                "provider",
-                options.breaker,
-                clock=clock,
-                rng=random.Random(f"tidegate-lab/storm/{seed}/breaker"),
-            )
-            if strategy == "breaker"
-            else None
         )
         seconds = math.ceil(options.duration + options.deadline) + 2
         self.per_second = [0] * seconds
@@ -204,57 +202,27 @@ class _Storm:
         now = self.clock.now()
         self.requests += 1
         deadline = Deadline.after(self.clock, self.options.deadline)
-        if self.budget is not None:
-            self.budget.record_first_try()
-        self.attempt(deadline, 1, None)
+        attempts = self.policy.start(_PLAN, deadline, self._per_try, [])
+        run_call(self.queue, attempts, self._call, self._ended)
         gap = -math.log(1.0 - self.arrivals.random()) / self.options.rate
         if now + gap < self.options.duration:
             self.queue.at(now + gap, self.arrive)
 
-    def attempt(self, deadline: Deadline, number: int, previous_delay: float | None) -> None:
-        step = self.planner.start(deadline, self.options.per_try)
-        if isinstance(step, GiveUp):
-            self._give_up(step.reason.value)
-            return
-        assert isinstance(step, Attempt)
-        permit: Permit | None = None
-        if self.breaker is not None:
-            try:
-                permit = self.breaker.acquire(deadline_at=deadline.at)
-            except CircuitOpen:
-                self.short_circuited += 1
-                self._give_up("circuit_open")
-                return
-        now = self.clock.now()
-        error = self._outcome(now)
-        latency = self.options.call_latency if error is None else self.options.failure_latency
-        if latency > step.timeout:
-            latency = step.timeout
-            error = ProviderError(ProviderErrorKind.TIMEOUT, "attempt timed out")
-        self.queue.at(now + latency, self.settle, deadline, number, previous_delay, error, permit)
+    def _per_try(self, spec: ProviderSpec) -> float:
+        return self.options.per_try
 
-    def settle(
-        self,
-        deadline: Deadline,
-        number: int,
-        previous_delay: float | None,
-        error: ProviderError | None,
-        permit: Permit | None,
-    ) -> None:
-        if error is None:
-            if permit is not None:
-                permit.success()
+    def _call(self, call: Call) -> tuple[float, ProviderError | None]:
+        error = self._outcome(self.clock.now())
+        latency = self.options.call_latency if error is None else self.options.failure_latency
+        return latency, error
+
+    def _ended(self, stop: Stop | None) -> None:
+        if stop is None:
             self.served += 1
             return
-        if permit is not None:
-            permit.failure()
-        plan = self.planner.after_failure(
-            error, number, deadline, self.options.per_try, previous_delay=previous_delay
-        )
-        if isinstance(plan, GiveUp):
-            self._give_up(plan.reason.value)
-            return
-        self.queue.after(plan.delay, self.attempt, deadline, plan.attempt, plan.delay)
+        if stop.reason == "circuit_open":
+            self.short_circuited += 1
+        self._give_up(stop.reason)
 
     def _give_up(self, reason: str) -> None:
         self.gave_up += 1

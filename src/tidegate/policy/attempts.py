@@ -113,9 +113,16 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """Make no further attempt: the call ends with ``error``."""
+    """Make no further attempt: the call ends with ``error``.
+
+    ``reason`` says why the last provider was given up: a
+    :class:`~tidegate.policy.retry.GiveUpReason` value (``not_retryable``, ``attempts_exhausted``,
+    ``deadline``, ``retry_after_exceeds_deadline``, ``retry_budget``), or ``circuit_open`` when no
+    candidate's breaker admitted a call.
+    """
 
     error: Exception
+    reason: str
 
 
 Step: TypeAlias = Call | Wait | Stop
@@ -141,6 +148,9 @@ class RetryRefused:
 
 
 AttemptEvent: TypeAlias = RetryPlanned | RetryRefused | FailedOver
+
+
+_CIRCUIT_OPEN: Final = "circuit_open"
 
 
 def _ignore(event: AttemptEvent) -> None:
@@ -203,6 +213,7 @@ class Attempts:
         "_previous_delay",
         "_queue",
         "_spec",
+        "_why",
         "last",
         "tried",
     )
@@ -228,6 +239,8 @@ class Attempts:
         self._number = 0
         self._previous_delay: float | None = None
         self._cut_short = False
+        #: Why the last provider was given up (see :class:`Stop`).
+        self._why = _CIRCUIT_OPEN
         #: The last provider error, which a call that gives up ends with.
         self.last: ProviderError | None = None
 
@@ -249,7 +262,7 @@ class Attempts:
         step = self._policy.planner.start(self._deadline, own)
         if isinstance(step, GiveUp):
             assert self.last is not None
-            return Stop(self.last)
+            return Stop(self.last, step.reason.value)
         try:
             permit = self._acquire(spec, step.timeout)
         except CircuitOpen:
@@ -265,6 +278,7 @@ class Attempts:
         assert spec is not None, "retry_refused() follows a Wait"
         assert self.last is not None
         self._policy.on_event(RetryRefused(spec.name))
+        self._why = GiveUpReason.RETRY_BUDGET.value
         return self._fail_over(spec, self.last)
 
     def succeeded(self) -> None:
@@ -294,6 +308,7 @@ class Attempts:
             return Wait(plan.delay, spec.name)
         if plan.reason is GiveUpReason.RETRY_BUDGET:
             self._policy.on_event(RetryRefused(spec.name))
+        self._why = plan.reason.value
         return self._fail_over(spec, error)
 
     def broke(self, error: ProviderError, *, cut_short: bool = False) -> None:
@@ -329,23 +344,26 @@ class Attempts:
                     DeadlineExceeded(
                         "the deadline passed before the first attempt could start",
                         policy="retry",
-                    )
+                    ),
+                    step.reason.value,
                 )
             try:
                 permit = self._acquire(spec, step.timeout)
             except CircuitOpen:
                 self.tried.append((spec.name, SkipReason.BREAKER_OPEN))
+                self._why = _CIRCUIT_OPEN
                 continue
             if self._policy.budget is not None:
                 self._policy.budget.record_first_try()
             self._spec, self._number, self._previous_delay = spec, 1, None
             return self._call(spec, step.timeout, permit, own)
         if self.last is not None:
-            return Stop(self.last)
+            return Stop(self.last, self._why)
         return Stop(
             CircuitOpen(
                 "every candidate provider's breaker opened", policy="breaker", retry_after=1.0
-            )
+            ),
+            _CIRCUIT_OPEN,
         )
 
     def _acquire(self, spec: ProviderSpec, timeout: float) -> Permit:
