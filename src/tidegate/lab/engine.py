@@ -27,8 +27,8 @@ seed and a fixed name, so the same seed gives the same report bit for bit, and t
 with the same seed see the same arrivals (common random numbers). Service times are drawn in the
 order requests start, so under saturation every queue policy frees its slots at the same instants.
 
-The hot loop keeps to a heap of tuples, locals and counters; open-loop arrivals stay out of the
-heap (one pending arrival time compared with the heap's top).
+The loop is a run object with one method per event kind over a heap of named event tuples;
+open-loop arrivals stay out of the heap (one pending arrival time compared with the heap's top).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias
 
 from tidegate.clock import ManualClock
 from tidegate.errors import Rejected
@@ -78,7 +78,7 @@ __all__ = [
     "simulate",
 ]
 
-# Event kinds, in the third place of every heap tuple.
+# Event kinds (an event's ``kind``).
 _COMPLETE: Final = 0
 _CPU_DONE: Final = 1
 _DEADLINE: Final = 2
@@ -342,7 +342,7 @@ class Simulation:
         self.seed = seed
         self.clock = ManualClock()
         self._tick = tick
-        self._heap: list[tuple[float, int, int, Any, int, float]] = []
+        self._heap: list[_Event] = []
         self._seq = 0
         options = fleet.admission
         self.classes: tuple[str, ...] = options.classes
@@ -407,9 +407,9 @@ class Simulation:
         """Call ``fn(self)`` at virtual time ``when``."""
         self._push(when, _CALL, fn, 0, 0.0)
 
-    def _push(self, when: float, kind: int, obj: Any, worker: int, value: float) -> None:
+    def _push(self, when: float, kind: int, subject: Any, worker: int, io: float) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, kind, obj, worker, value))
+        heapq.heappush(self._heap, (when, self._seq, kind, subject, worker, io))
 
     def _account_slots(self) -> None:
         now = self.clock.now()
@@ -439,474 +439,482 @@ class Simulation:
                 gc.enable()
 
     def _run(self) -> Report:
-        traffic, fleet = self.traffic, self.fleet
-        classes = self.classes
-        nclass = len(classes)
-        class_index = self._class_index
-        horizon, t0 = self.horizon, self.warmup
-        heap = self._heap
-        push, pop = heapq.heappush, heapq.heappop
-        clock = self.clock
-        workers = self.workers
-        active = self._active
-        expired_buffer = self._expired
+        run = _Run(self)
+        run.loop()
+        return run.report()
 
-        # --- traffic
+
+# Bound once: the compiled loop would otherwise look them up on the module at every event.
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
+
+#: One scheduled event: ``(when, seq, kind, subject, worker, io)``. The heap orders events by
+#: ``when``, then by ``seq`` (scheduling order). ``kind`` is one of the event kinds above;
+#: ``subject`` the ticket (complete, CPU done, deadline), the client (client) or the hook (call);
+#: ``worker`` the worker holding the ticket; ``io`` the IO part still to wait (CPU done). A plain
+#: tuple, unpacked into those names where it is read: a named tuple's constructor costs the
+#: compiled loop about a quarter of its speed.
+_Event: TypeAlias = tuple[float, int, int, Any, int, float]
+
+
+class _Run:
+    """One simulation's loop: its state as the fields of one object, one method per event kind.
+
+    The compiled build turns the fields into struct members and the methods into C functions,
+    so the loop costs what it did as one function of locals; the plain Python pays a little
+    for the attribute reads.
+    """
+
+    def __init__(self, sim: Simulation) -> None:
+        traffic, fleet = sim.traffic, sim.fleet
+        self.sim = sim
+        self.classes = sim.classes
+        self.nclass = len(self.classes)
+        self.multi_class = self.nclass > 1
+        self.class_index = sim._class_index
+        self.horizon = sim.horizon
+        self.t0 = sim.warmup
+        self.heap = sim._heap
+        self.clock = sim.clock
+        self.workers = sim.workers
+        self.active = sim._active
+        self.expired_buffer = sim._expired
+        self.slots = fleet.admission.slots
+        self.margin = fleet.start_margin
+        self.rr = 0
+        self._traffic(sim, traffic)
+        self._service(sim, fleet, traffic.arrivals)
+        # --- bookkeeping
+        self.tallies = [_Tally() for _ in self.classes]
+        self.tally0 = self.tallies[0]
+        self.clients: dict[Ticket, int] = {}
+        self.measuring = self.t0 <= 0.0
+        self.n = 0  # requests in the system (admitted, not yet gone)
+        self.busy = 0  # slots held
+        self.cpu_busy = 0  # cores held
+        self.area_n = self.area_busy = self.area_cpu = 0.0
+        self.last = 0.0
+        self.overlap_sum = 0.0  # per-request time inside the window, summed at each departure
+        self.live_start_sum = 0.0  # sum over requests inside of max(arrival, warmup)
+        self.passages = 0  # requests present at the warmup plus those admitted after it
+        self.done_in_window = 0
+        self.good_in_window = 0
+        self.offered_total = 0
+        if self.t0 > 0.0:
+            sim._push(self.t0, _WARMUP, None, 0, 0.0)
+        if sim._tick is not None:
+            sim._push(min(sim._tick[0], self.horizon), _TICK, None, 0, 0.0)
+        if self.closed:
+            for client in range(self.clients_count):
+                sim._push(self.think.draw(), _CLIENT, client, 0, 0.0)
+        self.seq = sim._seq
+
+    def _traffic(self, sim: Simulation, traffic: Traffic) -> None:
+        """What arrives: the arrival stream, the class mix, tenants, deadlines and patience."""
+        classes, class_index = self.classes, self.class_index
         arrivals = traffic.arrivals
-        closed = isinstance(arrivals, ClosedLoop)
-        trace: tuple[TraceRecord, ...] = arrivals.records if isinstance(arrivals, Trace) else ()
-        trace_len = len(trace)
-        trace_pos = 0
-        following: Stream = _NEVER
-        think: Sampler = _ZERO
+        self.closed = isinstance(arrivals, ClosedLoop)
+        self.clients_count = arrivals.clients if isinstance(arrivals, ClosedLoop) else 0
+        self.trace: tuple[TraceRecord, ...] = (
+            arrivals.records if isinstance(arrivals, Trace) else ()
+        )
+        self.trace_pos = 0
+        self.following: Stream = _NEVER
+        self.think: Sampler = _ZERO
         if isinstance(arrivals, ClosedLoop):
-            think = arrivals.think.sampler(self._rng("think"))
-            next_arrival = math.inf
+            self.think = arrivals.think.sampler(sim._rng("think"))
+            self.next_arrival = math.inf
         elif isinstance(arrivals, Trace):
-            next_arrival = trace[0].at
+            self.next_arrival = self.trace[0].at
         else:
-            following = arrivals.stream(self._rng("arrivals"))
-            next_arrival = following.following(0.0)
-
-        mix_rnd = self._rng("mix").random
-        if traffic.mix is not None and not trace:
+            self.following = arrivals.stream(sim._rng("arrivals"))
+            self.next_arrival = self.following.following(0.0)
+        self.mix_rnd = sim._rng("mix").random
+        if traffic.mix is not None and not self.trace:
             for klass in traffic.mix:
                 if klass not in class_index:
                     raise ValueError(f"mix names class {klass!r}, not one of {classes!r}")
             shares = [float(traffic.mix.get(name, 0.0)) for name in classes]
             total_share = sum(shares)
-            cumulative = [c / total_share for c in accumulate(shares)]
-            cumulative[-1] = 1.0
+            self.cumulative = [c / total_share for c in accumulate(shares)]
+            self.cumulative[-1] = 1.0
         else:
-            cumulative = [1.0] + [1.0] * (nclass - 1)
-        pick_class = nclass > 1 and traffic.mix is not None and not trace
-        tenant_names = (
+            self.cumulative = [1.0] * self.nclass
+        self.pick_class = self.nclass > 1 and traffic.mix is not None and not self.trace
+        self.tenant_names = (
             ["default"] if traffic.tenants == 1 else [f"t{i}" for i in range(traffic.tenants)]
         )
-        ntenants = len(tenant_names)
-
         deadline = traffic.deadline
         if isinstance(deadline, Mapping):
             for klass in deadline:
                 if klass not in class_index:
                     raise ValueError(f"deadline names class {klass!r}, not one of {classes!r}")
-            deadlines: list[float | None] = [deadline.get(name) for name in classes]
+            self.deadlines: list[float | None] = [deadline.get(name) for name in classes]
         else:
-            deadlines = [deadline] * nclass
-        patience = (
-            traffic.patience.sampler(self._rng("patience"))
-            if traffic.patience is not None
-            else None
+            self.deadlines = [deadline] * self.nclass
+        self.patience: Sampler | None = (
+            traffic.patience.sampler(sim._rng("patience")) if traffic.patience is not None else None
         )
-        has_deadline = patience is not None or any(d is not None for d in deadlines)
-        leave = traffic.on_deadline == "leave" and has_deadline
+        self.has_deadline = self.patience is not None or any(d is not None for d in self.deadlines)
+        self.leave = traffic.on_deadline == "leave" and self.has_deadline
 
-        # --- service
-        io_from_records = fleet.io is None
-        if io_from_records and not isinstance(arrivals, Trace):
+    def _service(self, sim: Simulation, fleet: Fleet, arrivals: Arrivals | ClosedLoop) -> None:
+        """What serving a request takes: its IO part, and a CPU part when the fleet has one."""
+        self.io_from_records = fleet.io is None
+        if self.io_from_records and not isinstance(arrivals, Trace):
             raise ValueError("fleet.io is None (service from a trace) but the arrivals are not")
         if fleet.io is not None:
-            draw_io = fleet.io.sampler(self._rng("io"))
-        elif isinstance(arrivals, Trace):
+            self.draw_io = fleet.io.sampler(sim._rng("io"))
+        else:
+            assert isinstance(arrivals, Trace)
             # Requests the trace did not time are given one of the recorded latencies.
-            draw_io = arrivals.latencies().sampler(self._rng("io"))
-        trace_io: dict[Any, float] = {}
-        has_cpu = fleet.cpu is not None
-        draw_cpu = fleet.cpu.sampler(self._rng("cpu")) if fleet.cpu is not None else _ZERO
+            self.draw_io = arrivals.latencies().sampler(sim._rng("io"))
+        self.trace_io: dict[Ticket, float] = {}
+        self.has_cpu = fleet.cpu is not None
+        self.draw_cpu = fleet.cpu.sampler(sim._rng("cpu")) if fleet.cpu is not None else _ZERO
 
-        # --- bookkeeping
-        tallies = [_Tally() for _ in classes]
-        tally0 = tallies[0]
-        clients: dict[Any, int] = {}
-        measuring = t0 <= 0.0
-        n = 0  # requests in the system (admitted, not yet gone)
-        busy = 0  # slots held
-        cpu_busy = 0  # cores held
-        area_n = area_busy = area_cpu = 0.0
-        last = 0.0
-        overlap_sum = 0.0  # per-request time inside the window, summed at each departure
-        live_start_sum = 0.0  # sum over requests inside of max(arrival, warmup)
-        passages = 0  # requests present at the warmup plus those admitted after it
-        done_in_window = 0
-        good_in_window = 0
-        seq = self._seq
-        rr = 0
-        request_id = "lab"
-        offered_total = 0
-        deadline_at: float | None = None
-        margin = fleet.start_margin
-        io = 0.0
-        ci = 0
+    # ----------------------------------------------------------------------- the loop
 
-        if t0 > 0.0:
-            self._push(t0, _WARMUP, None, 0, 0.0)
-        if self._tick is not None:
-            self._push(min(self._tick[0], horizon), _TICK, None, 0, 0.0)
-        if isinstance(arrivals, ClosedLoop):
-            for client in range(arrivals.clients):
-                self._push(think.draw(), _CLIENT, client, 0, 0.0)
-        seq = self._seq
+    def push(self, when: float, kind: int, subject: Any, worker: int, io: float) -> None:
+        self.seq += 1
+        _heappush(self.heap, (when, self.seq, kind, subject, worker, io))
 
-        slots = fleet.admission.slots
-
-        # Locals, not globals, in the loop.
-        COMPLETE, CPU_DONE, DEADLINE, CLIENT, TICK, WARMUP = (
-            _COMPLETE,
-            _CPU_DONE,
-            _DEADLINE,
-            _CLIENT,
-            _TICK,
-            _WARMUP,
-        )
-        STARTED, WAITING = _STARTED, _WAITING
-        multi_class = nclass > 1
-        inf = math.inf
-        # Typed once, so the compiled build reads tickets' fields and does their arithmetic
-        # natively (an event tuple's payload is Any).
-        ticket: Ticket
-        started: Ticket | None
-        arrived = 0.0
-
+    def loop(self) -> None:
+        """Every event up to the horizon, in time order: the pending open-loop arrival or the
+        heap's top, whichever is first. Before it, the clock moves to its time, and the
+        time-weighted areas grow by what held since the last event."""
+        heap, horizon, clock = self.heap, self.horizon, self.clock
+        kind = -1
         while True:
-            # ---- next event: the pending open-loop arrival or the heap's top
-            if heap and heap[0][0] <= next_arrival:
-                event = pop(heap)
-                t = event[0]
+            event: _Event
+            if heap and heap[0][0] <= self.next_arrival:
+                event = _heappop(heap)
+                if event[0] > horizon:
+                    _heappush(heap, event)
+                    return
+                t, _, kind, subject, w, io = event
+            else:  # the pending open-loop arrival comes first
+                t = self.next_arrival
                 if t > horizon:
-                    push(heap, event)
-                    break
-                kind = event[2]
-            else:
-                t = next_arrival
-                if t > horizon:
-                    break
+                    return
                 kind = -1
             clock.set(t)
-            dt = t - last
+            dt = t - self.last
             if dt:
-                area_n += n * dt
-                area_busy += busy * dt
-                if has_cpu:
-                    area_cpu += cpu_busy * dt
-                last = t
-
-            if kind == COMPLETE:
-                ticket = event[3]
-                w = event[4]
-                worker = workers[w]
-                worker.controller.finish(ticket)
-                busy -= 1
-                n -= 1
-                worker.held -= 1
-                worker.in_flight -= 1
-                arrived = ticket.offered_at
-                deadline_at = ticket.deadline_at
-                if margin and deadline_at is not None:
-                    deadline_at += margin
-                tally = tallies[class_index[ticket.klass]] if multi_class else tally0
-                if arrived >= t0:
-                    tally.completed += 1
-                    tally.latencies.append(t - arrived)
-                    if deadline_at is None or t <= deadline_at:
-                        tally.on_time += 1
-                    else:
-                        tally.late += 1
-                elif measuring:
-                    tally.pre_departed += 1
-                if measuring:
-                    begin = arrived if arrived > t0 else t0
-                    overlap_sum += t - begin
-                    live_start_sum -= begin
-                    done_in_window += 1
-                    if deadline_at is None or t <= deadline_at:
-                        good_in_window += 1
-                if closed:
-                    seq += 1
-                    push(heap, (t + think.draw(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
-                # ---- the scheduling loop: fill every free slot, in the controller's order
-                if worker.held > worker.in_flight:
-                    controller = worker.controller
-                    while worker.in_flight < slots and (started := controller.start()) is not None:
-                        ticket = started
-                        busy += 1
-                        worker.in_flight += 1
-                        arrived = ticket.offered_at
-                        if arrived >= t0:
-                            tally = tallies[class_index[ticket.klass]] if multi_class else tally0
-                            tally.started += 1
-                            tally.wait_sum += t - arrived
-                        io = trace_io.pop(ticket) if io_from_records else draw_io.draw()
-                        if has_cpu:
-                            if worker.free_cores:
-                                worker.free_cores -= 1
-                                cpu_busy += 1
-                                seq += 1
-                                push(heap, (t + draw_cpu.draw(), seq, CPU_DONE, ticket, w, io))
-                            else:
-                                worker.cpu_queue.append((ticket, io))
-                        else:
-                            seq += 1
-                            push(heap, (t + io, seq, COMPLETE, ticket, w, 0.0))
-                    if expired_buffer:
-                        for ticket in expired_buffer:
-                            n -= 1
-                            workers[w].held -= 1
-                            arrived = ticket.offered_at
-                            ci = class_index[ticket.klass] if multi_class else 0
-                            if io_from_records:
-                                del trace_io[ticket]
-                            if arrived >= t0:
-                                tallies[ci].expired += 1
-                                waited_for = t - arrived
-                                tallies[ci].rej_sum += waited_for
-                                if waited_for > tallies[ci].rej_max:
-                                    tallies[ci].rej_max = waited_for
-                            elif measuring:
-                                tallies[ci].pre_departed += 1
-                            if measuring:
-                                begin = arrived if arrived > t0 else t0
-                                overlap_sum += t - begin
-                                live_start_sum -= begin
-                            if closed:
-                                seq += 1
-                                push(
-                                    heap,
-                                    (t + think.draw(), seq, CLIENT, clients.pop(ticket), 0, 0.0),
-                                )
-                        expired_buffer.clear()
-                continue
-
-            if kind < 0 or kind == CLIENT:
-                # ---- an arrival: open-loop, or a closed-loop client's next request
-                if trace:
-                    record = trace[trace_pos]
-                    trace_pos += 1
-                    next_arrival = trace[trace_pos].at if trace_pos < trace_len else inf
-                    try:
-                        ci = class_index[record.klass]
-                    except KeyError:
-                        raise ValueError(
-                            f"the trace has class {record.klass!r}, not one of {classes!r}"
-                        ) from None
-                    tenant = record.tenant
-                    if io_from_records:
-                        io = record.latency if record.latency is not None else draw_io.draw()
-                else:
-                    if kind < 0:
-                        next_arrival = following.following(t)
-                    if pick_class:
-                        ci = bisect_right(cumulative, mix_rnd())
-                        if ci >= nclass:
-                            ci = nclass - 1
-                    else:
-                        ci = 0
-                    tenant = tenant_names[int(mix_rnd() * ntenants)] if ntenants > 1 else "default"
-                if patience is not None:
-                    deadline_at = t + patience.draw()
-                elif has_deadline:
-                    relative = deadlines[ci]
-                    deadline_at = None if relative is None else t + relative
-                else:
-                    deadline_at = None
-                if len(active) == 1:
-                    w = active[0]
-                else:
-                    rr += 1
-                    if rr >= len(active):
-                        rr = 0
-                    w = active[rr]
-                offered_total += 1
-                counted = t >= t0
-                tally = tallies[ci]
-                worker = workers[w]
-                if counted:
-                    tally.offered += 1
-                try:
-                    ticket = worker.controller.offer(
-                        request_id=request_id,
-                        klass=classes[ci],
-                        tenant=tenant,
-                        deadline_at=deadline_at - margin
-                        if margin and deadline_at is not None
-                        else deadline_at,
-                    )
-                except Rejected as refusal:
-                    if counted:
-                        reasons = tally.shed
-                        reasons[refusal.reason] = reasons.get(refusal.reason, 0) + 1
-                    if closed:
-                        seq += 1
-                        push(heap, (t + think.draw(), seq, CLIENT, event[3], 0, 0.0))
-                    continue
-                n += 1
-                worker.held += 1
-                if counted:
-                    tally.admitted += 1
-                if measuring:
-                    passages += 1
-                    live_start_sum += t
-                if closed:
-                    clients[ticket] = event[3]
-                if ticket.state is STARTED:
-                    busy += 1
-                    worker.in_flight += 1
-                    if counted:
-                        tally.started += 1
-                    if not io_from_records:
-                        io = draw_io.draw()
-                    if has_cpu:
-                        if worker.free_cores:
-                            worker.free_cores -= 1
-                            cpu_busy += 1
-                            seq += 1
-                            push(heap, (t + draw_cpu.draw(), seq, CPU_DONE, ticket, w, io))
-                        else:
-                            worker.cpu_queue.append((ticket, io))
-                    else:
-                        seq += 1
-                        push(heap, (t + io, seq, COMPLETE, ticket, w, 0.0))
-                else:
-                    if counted:
-                        tally.waited += 1
-                    if io_from_records:
-                        trace_io[ticket] = io
-                    if leave and deadline_at is not None:
-                        seq += 1
-                        push(heap, (deadline_at, seq, DEADLINE, ticket, w, 0.0))
-                continue
-
-            if kind == CPU_DONE:
-                ticket, w, io = event[3], event[4], event[5]
-                seq += 1
-                push(heap, (t + io, seq, COMPLETE, ticket, w, 0.0))
-                worker = workers[w]
-                if worker.cpu_queue:
-                    queued_ticket, queued_io = worker.cpu_queue.popleft()
-                    seq += 1
-                    push(heap, (t + draw_cpu.draw(), seq, CPU_DONE, queued_ticket, w, queued_io))
-                else:
-                    worker.free_cores += 1
-                    cpu_busy -= 1
-                continue
-
-            if kind == DEADLINE:
-                ticket = event[3]
-                if ticket.state is not WAITING:
-                    continue  # started, or already dropped at dequeue
-                w = event[4]
-                workers[w].controller.cancel(ticket)
-                n -= 1
-                workers[w].held -= 1
-                arrived = ticket.offered_at
-                ci = class_index[ticket.klass] if multi_class else 0
-                if io_from_records:
-                    del trace_io[ticket]
-                if arrived >= t0:
-                    tallies[ci].expired += 1
-                    waited_for = t - arrived
-                    tallies[ci].rej_sum += waited_for
-                    if waited_for > tallies[ci].rej_max:
-                        tallies[ci].rej_max = waited_for
-                elif measuring:
-                    tallies[ci].pre_departed += 1
-                if measuring:
-                    begin = arrived if arrived > t0 else t0
-                    overlap_sum += t - begin
-                    live_start_sum -= begin
-                if closed:
-                    seq += 1
-                    push(heap, (t + think.draw(), seq, CLIENT, clients.pop(ticket), 0, 0.0))
-                continue
-
-            # ---- a tick, a scheduled call, or the end of the warm-up
-            self._seq = seq
-            self.offered = offered_total
-            self.in_system = n
-            if kind == WARMUP:
-                measuring = True
-                area_n = area_busy = area_cpu = 0.0
-                live_start_sum = n * t0
-                passages = n
-                self._slot_seconds = 0.0
-                self._slots_since = t0
-                for worker in workers:
-                    snap = worker.controller.snapshot()
-                    for index, name in enumerate(classes):
-                        tallies[index].live_at_t0 += _live(snap, name)
-            elif kind == TICK:
-                assert self._tick is not None
-                every, hook = self._tick
-                hook(self)
-                if t + every <= horizon:
-                    self._push(t + every, TICK, None, 0, 0.0)
+                self.area_n += self.n * dt
+                self.area_busy += self.busy * dt
+                if self.has_cpu:
+                    self.area_cpu += self.cpu_busy * dt
+                self.last = t
+            if kind == _COMPLETE:
+                self.complete(t, subject, w)
+            elif kind < 0:
+                self.arrive(t, -1)
+            elif kind == _CLIENT:
+                self.arrive(t, subject)
+            elif kind == _CPU_DONE:
+                self.cpu_done(t, subject, w, io)
+            elif kind == _DEADLINE:
+                self.deadline(t, subject, w)
             else:
-                event[3](self)
-            seq = self._seq
+                self.control(t, kind, subject)
 
-        # ---- close the window at the horizon
-        self._seq = seq
+    def tally_of(self, ticket: Ticket) -> _Tally:
+        return self.tallies[self.class_index[ticket.klass]] if self.multi_class else self.tally0
+
+    def arrive(self, t: float, client: int) -> None:
+        """An arrival (``client`` -1: open-loop), dispatched round-robin to an active worker and
+        offered to its controller: refused, into service at once, or waiting."""
+        io = 0.0
+        if self.trace:
+            record = self.trace[self.trace_pos]
+            self.trace_pos += 1
+            self.next_arrival = (
+                self.trace[self.trace_pos].at if self.trace_pos < len(self.trace) else math.inf
+            )
+            try:
+                ci = self.class_index[record.klass]
+            except KeyError:
+                raise ValueError(
+                    f"the trace has class {record.klass!r}, not one of {self.classes!r}"
+                ) from None
+            tenant = record.tenant
+            if self.io_from_records:
+                io = record.latency if record.latency is not None else self.draw_io.draw()
+        else:
+            if client < 0:
+                self.next_arrival = self.following.following(t)
+            ci = 0
+            if self.pick_class:
+                ci = min(bisect_right(self.cumulative, self.mix_rnd()), self.nclass - 1)
+            names = self.tenant_names
+            tenant = names[int(self.mix_rnd() * len(names))] if len(names) > 1 else "default"
+        deadline_at: float | None = None
+        if self.patience is not None:
+            deadline_at = t + self.patience.draw()
+        elif self.has_deadline:
+            relative = self.deadlines[ci]
+            deadline_at = None if relative is None else t + relative
+        active = self.active
+        if len(active) == 1:
+            w = active[0]
+        else:
+            self.rr += 1
+            if self.rr >= len(active):
+                self.rr = 0
+            w = active[self.rr]
+        self.offered_total += 1
+        counted = t >= self.t0
+        tally = self.tallies[ci]
+        worker = self.workers[w]
+        if counted:
+            tally.offered += 1
+        margin = self.margin
+        try:
+            ticket = worker.controller.offer(
+                request_id="lab",
+                klass=self.classes[ci],
+                tenant=tenant,
+                deadline_at=deadline_at - margin
+                if margin and deadline_at is not None
+                else deadline_at,
+            )
+        except Rejected as refusal:
+            if counted:
+                reasons = tally.shed
+                reasons[refusal.reason] = reasons.get(refusal.reason, 0) + 1
+            if self.closed:
+                self.push(t + self.think.draw(), _CLIENT, client, 0, 0.0)
+            return
+        self.n += 1
+        worker.held += 1
+        if counted:
+            tally.admitted += 1
+        if self.measuring:
+            self.passages += 1
+            self.live_start_sum += t
+        if self.closed:
+            self.clients[ticket] = client
+        if ticket.state is _STARTED:
+            self.busy += 1
+            worker.in_flight += 1
+            if counted:
+                tally.started += 1
+            if not self.io_from_records:
+                io = self.draw_io.draw()
+            self.serve(t, ticket, worker, w, io)
+            return
+        if counted:
+            tally.waited += 1
+        if self.io_from_records:
+            self.trace_io[ticket] = io
+        if self.leave and deadline_at is not None:
+            self.push(deadline_at, _DEADLINE, ticket, w, 0.0)
+
+    def serve(self, t: float, ticket: Ticket, worker: Worker, w: int, io: float) -> None:
+        """A request that holds a slot: its CPU part first (on a free core, or queued for one),
+        then its IO part."""
+        if not self.has_cpu:
+            self.push(t + io, _COMPLETE, ticket, w, 0.0)
+        elif worker.free_cores:
+            worker.free_cores -= 1
+            self.cpu_busy += 1
+            self.push(t + self.draw_cpu.draw(), _CPU_DONE, ticket, w, io)
+        else:
+            worker.cpu_queue.append((ticket, io))
+
+    def cpu_done(self, t: float, ticket: Ticket, w: int, io: float) -> None:
+        """A CPU part ended: the IO part begins, and the core takes the next queued request."""
+        self.push(t + io, _COMPLETE, ticket, w, 0.0)
+        worker = self.workers[w]
+        if worker.cpu_queue:
+            queued_ticket, queued_io = worker.cpu_queue.popleft()
+            self.push(t + self.draw_cpu.draw(), _CPU_DONE, queued_ticket, w, queued_io)
+        else:
+            worker.free_cores += 1
+            self.cpu_busy -= 1
+
+    def complete(self, t: float, ticket: Ticket, w: int) -> None:
+        """A request was answered: counted on time or late, and its slot goes to waiting work."""
+        worker = self.workers[w]
+        worker.controller.finish(ticket)
+        self.busy -= 1
+        self.n -= 1
+        worker.held -= 1
+        worker.in_flight -= 1
+        arrived = ticket.offered_at
+        deadline_at = ticket.deadline_at
+        if self.margin and deadline_at is not None:
+            deadline_at += self.margin
+        on_time = deadline_at is None or t <= deadline_at
+        tally = self.tally_of(ticket)
+        if arrived >= self.t0:
+            tally.completed += 1
+            tally.latencies.append(t - arrived)
+            if on_time:
+                tally.on_time += 1
+            else:
+                tally.late += 1
+        elif self.measuring:
+            tally.pre_departed += 1
+        if self.measuring:
+            self.left_window(t, arrived)
+            self.done_in_window += 1
+            if on_time:
+                self.good_in_window += 1
+        if self.closed:
+            self.push(t + self.think.draw(), _CLIENT, self.clients.pop(ticket), 0, 0.0)
+        if worker.held > worker.in_flight:
+            self.fill(t, worker, w)
+
+    def fill(self, t: float, worker: Worker, w: int) -> None:
+        """Fill every free slot of ``worker``, in its controller's order; the work it dropped
+        at dequeue (expired) leaves unserved."""
+        controller = worker.controller
+        while worker.in_flight < self.slots and (started := controller.start()) is not None:
+            self.busy += 1
+            worker.in_flight += 1
+            arrived = started.offered_at
+            if arrived >= self.t0:
+                tally = self.tally_of(started)
+                tally.started += 1
+                tally.wait_sum += t - arrived
+            io = self.trace_io.pop(started) if self.io_from_records else self.draw_io.draw()
+            self.serve(t, started, worker, w, io)
+        if self.expired_buffer:
+            for ticket in self.expired_buffer:
+                self.unserved(t, ticket, w)
+            self.expired_buffer.clear()
+
+    def deadline(self, t: float, ticket: Ticket, w: int) -> None:
+        """A waiting request's caller gave up at its deadline (``on_deadline="leave"``)."""
+        if ticket.state is not _WAITING:
+            return  # started, or already dropped at dequeue
+        self.workers[w].controller.cancel(ticket)
+        self.unserved(t, ticket, w)
+
+    def unserved(self, t: float, ticket: Ticket, w: int) -> None:
+        """A request that leaves without service (expired at dequeue, or its caller gone)."""
+        self.n -= 1
+        self.workers[w].held -= 1
+        arrived = ticket.offered_at
+        tally = self.tally_of(ticket)
+        if self.io_from_records:
+            del self.trace_io[ticket]
+        if arrived >= self.t0:
+            tally.expired += 1
+            waited_for = t - arrived
+            tally.rej_sum += waited_for
+            if waited_for > tally.rej_max:
+                tally.rej_max = waited_for
+        elif self.measuring:
+            tally.pre_departed += 1
+        if self.measuring:
+            self.left_window(t, arrived)
+        if self.closed:
+            self.push(t + self.think.draw(), _CLIENT, self.clients.pop(ticket), 0, 0.0)
+
+    def left_window(self, t: float, arrived: float) -> None:
+        """A request leaves while the window is measured: its time inside the window counts."""
+        begin = arrived if arrived > self.t0 else self.t0
+        self.overlap_sum += t - begin
+        self.live_start_sum -= begin
+
+    def control(self, t: float, kind: int, subject: Any) -> None:
+        """A tick, a scheduled call, or the end of the warm-up: the gauges a hook may read are
+        brought up to date, and what the hook schedules joins the heap."""
+        sim = self.sim
+        sim._seq = self.seq
+        sim.offered = self.offered_total
+        sim.in_system = self.n
+        if kind == _WARMUP:
+            self.measuring = True
+            self.area_n = self.area_busy = self.area_cpu = 0.0
+            self.live_start_sum = self.n * self.t0
+            self.passages = self.n
+            sim._slot_seconds = 0.0
+            sim._slots_since = self.t0
+            for worker in self.workers:
+                snap = worker.controller.snapshot()
+                for index, name in enumerate(self.classes):
+                    self.tallies[index].live_at_t0 += _live(snap, name)
+        elif kind == _TICK:
+            assert sim._tick is not None
+            every, hook = sim._tick
+            hook(sim)
+            if t + every <= self.horizon:
+                sim._push(t + every, _TICK, None, 0, 0.0)
+        else:
+            subject(sim)
+        self.seq = sim._seq
+
+    # ----------------------------------------------------------------------- the report
+
+    def report(self) -> Report:
+        """Close the window at the horizon and report on it."""
+        sim, horizon, t0 = self.sim, self.horizon, self.t0
+        sim._seq = self.seq
         self.clock.set(max(self.clock.now(), horizon))
-        dt = horizon - last
+        dt = horizon - self.last
         if dt > 0:
-            area_n += n * dt
-            area_busy += busy * dt
-            area_cpu += cpu_busy * dt
-        self.in_system = n
-        self._account_slots()
+            self.area_n += self.n * dt
+            self.area_busy += self.busy * dt
+            self.area_cpu += self.cpu_busy * dt
+        sim.in_system = self.n
+        sim._account_slots()
         window = horizon - t0
-        overlap_sum += n * horizon - live_start_sum
-
-        live_end = [0] * nclass
-        for worker in workers:
+        self.overlap_sum += self.n * horizon - self.live_start_sum
+        live_end = [0] * self.nclass
+        for worker in self.workers:
             snap = worker.controller.snapshot()
-            for ci, name in enumerate(classes):
+            for ci, name in enumerate(self.classes):
                 live_end[ci] += _live(snap, name)
-        if sum(live_end) != n:
+        if sum(live_end) != self.n:
             raise AssertionError(
-                f"bookkeeping drift: the controllers hold {sum(live_end)} requests, the engine {n}"
+                f"bookkeeping drift: the controllers hold {sum(live_end)} requests,"
+                f" the engine {self.n}"
             )
-
-        reports = []
+        reports = [self.class_report(ci, live_end[ci]) for ci in range(self.nclass)]
         pooled: list[float] = []
-        for ci, name in enumerate(classes):
-            if nclass > 1:
-                pooled.extend(tallies[ci].latencies)
-            rejected = sum(tallies[ci].shed.values()) + tallies[ci].expired
-            reports.append(
-                ClassReport(
-                    klass=name,
-                    offered=tallies[ci].offered,
-                    admitted=tallies[ci].admitted,
-                    shed=tallies[ci].shed,
-                    expired=tallies[ci].expired,
-                    completed=tallies[ci].completed,
-                    on_time=tallies[ci].on_time,
-                    late=tallies[ci].late,
-                    in_system=live_end[ci] - (tallies[ci].live_at_t0 - tallies[ci].pre_departed),
-                    waited=tallies[ci].waited,
-                    started=tallies[ci].started,
-                    mean_wait=tallies[ci].wait_sum / tallies[ci].started
-                    if tallies[ci].started
-                    else math.nan,
-                    latency=Latency.of(tallies[ci].latencies),
-                    rejection_time_mean=tallies[ci].rej_sum / rejected if rejected else math.nan,
-                    rejection_time_max=tallies[ci].rej_max if rejected else math.nan,
-                )
-            )
-        cores_total = fleet.cores * len(workers)
+        if self.nclass > 1:
+            for tally in self.tallies:
+                pooled.extend(tally.latencies)
+        fleet = sim.fleet
+        cores_total = fleet.cores * len(self.workers)
         return Report(
-            seed=self.seed,
+            seed=sim.seed,
             warmup=t0,
             horizon=horizon,
             classes=tuple(reports),
-            latency=reports[0].latency if nclass == 1 else Latency.of(pooled),
-            throughput=done_in_window / window,
-            goodput=good_in_window / window,
-            utilisation=area_busy / self._slot_seconds if self._slot_seconds else math.nan,
-            cpu_utilisation=area_cpu / (cores_total * window) if has_cpu else math.nan,
-            in_system_mean=area_n / window,
-            passage_rate=passages / window,
-            time_in_system_mean=overlap_sum / passages if passages else 0.0,
+            latency=reports[0].latency if self.nclass == 1 else Latency.of(pooled),
+            throughput=self.done_in_window / window,
+            goodput=self.good_in_window / window,
+            utilisation=self.area_busy / sim._slot_seconds if sim._slot_seconds else math.nan,
+            cpu_utilisation=self.area_cpu / (cores_total * window) if self.has_cpu else math.nan,
+            in_system_mean=self.area_n / window,
+            passage_rate=self.passages / window,
+            time_in_system_mean=self.overlap_sum / self.passages if self.passages else 0.0,
+        )
+
+    def class_report(self, ci: int, live_end: int) -> ClassReport:
+        tally = self.tallies[ci]
+        rejected = sum(tally.shed.values()) + tally.expired
+        return ClassReport(
+            klass=self.classes[ci],
+            offered=tally.offered,
+            admitted=tally.admitted,
+            shed=tally.shed,
+            expired=tally.expired,
+            completed=tally.completed,
+            on_time=tally.on_time,
+            late=tally.late,
+            in_system=live_end - (tally.live_at_t0 - tally.pre_departed),
+            waited=tally.waited,
+            started=tally.started,
+            mean_wait=tally.wait_sum / tally.started if tally.started else math.nan,
+            latency=Latency.of(tally.latencies),
+            rejection_time_mean=tally.rej_sum / rejected if rejected else math.nan,
+            rejection_time_max=tally.rej_max if rejected else math.nan,
         )
 
 
