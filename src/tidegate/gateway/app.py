@@ -28,6 +28,7 @@ from tidegate.gateway.http import (
 )
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
+from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits
 from tidegate.gateway.runtime import (
     Runtime,
     build_runtime,
@@ -276,7 +277,7 @@ class Gateway:
                 except TidegateError as exc:  # a store blip: try again next round
                     log.warning("rollout_step_failed", route=alias, error=exc.message)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
@@ -286,6 +287,8 @@ class Gateway:
                     log.error("startup_failed", error=str(exc))
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                if "state" in scope:  # what uvicorn hands every connection it makes
+                    scope["state"][STATE_KEY] = ConnectionLimits.from_config(self.config.server)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()
@@ -297,7 +300,7 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await self._lifespan(receive, send)
+            await self._lifespan(scope, receive, send)
             return
         if kind != "http":
             return

@@ -18,6 +18,7 @@ import uvicorn
 from tidegate.gateway.app import Gateway, log_request
 from tidegate.gateway.config import Config, load_config
 from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp, flush_all
+from tidegate.gateway.protocol import GuardedHttpToolsProtocol
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
@@ -118,11 +119,13 @@ def run(
         "host": host,
         "port": port,
         "loop": "uvloop",
-        "http": "httptools",
+        # httptools with header limits and head and body timeouts (see gateway.protocol).
+        "http": GuardedHttpToolsProtocol,
         "lifespan": "on",
         "access_log": False,
         "log_level": "warning",
         "timeout_graceful_shutdown": config.server.drain_seconds,
+        "timeout_keep_alive": config.server.keep_alive_s,
         "server_header": False,
         # tidegate reads neither the client address nor the scheme: no X-Forwarded-* rewriting
         # of them on every request.
@@ -133,7 +136,8 @@ def run(
         os.environ[CONFIG_ENV] = str(config_path.resolve())
         uvicorn.run("tidegate.gateway.server:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
         return
-    uvicorn.run(Gateway(config, config_path, git_sha=git_sha(), tune_gc=True), **common)  # type: ignore[arg-type]
+    app = Gateway(config, config_path, git_sha=git_sha(), tune_gc=True)
+    uvicorn.run(app, **common)  # type: ignore[arg-type]
 
 
 def _announce(config: Config, config_path: Path, host: str, port: int) -> None:
