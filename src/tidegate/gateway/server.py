@@ -106,8 +106,10 @@ def run(
 ) -> None:
     """Validate the config (refusing to start on any problem), then serve until SIGTERM/SIGINT.
 
-    On SIGTERM uvicorn stops accepting, lets in-flight requests and streams finish for up to
-    ``server.drain_seconds``, then cancels what is left; cancelled requests still settle their
+    On SIGTERM uvicorn stops accepting and lets in-flight requests and streams finish for up to
+    ``server.drain_seconds``. Just before that is up the gateway ends what is still running
+    itself (a stream with its in-band ``stream_incomplete`` event, an answer not yet begun with
+    503 ``shutting_down``), each with its log line; cancelled requests still settle their
     bookkeeping (shielded), and the lifespan shutdown closes stores and the upstream session.
     """
     config = load_config(config_path)
