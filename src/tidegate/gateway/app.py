@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
+import signal
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,10 @@ from typing import Any
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import ShuttingDown, StoreError, TidegateError
+from tidegate.errors import ConfigError, ShuttingDown, StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
-from tidegate.gateway.config import Config
+from tidegate.gateway.auth import KeyRing
+from tidegate.gateway.config import Config, resolve
 from tidegate.gateway.http import (
     DRAIN_ENDED,
     ClientDisconnected,
@@ -80,6 +83,8 @@ WATCH_AFTER_S = 0.05
 #: gateway (a stream with its in-band error event, an answer not begun with 503), leaving
 #: uvicorn's own cancellation nothing to cut; half the drain when that is shorter.
 DRAIN_MARGIN_S = 0.25
+#: What the SIGHUP log lines add: the keys file is all a reload reads.
+_RESTART_NOTE = "other config changes take effect on restart"
 
 
 def log_request(fields: dict[str, Any]) -> None:
@@ -206,6 +211,7 @@ class Gateway:
         runtime: Runtime | None = None,
         git_sha: str = "unknown",
         tune_gc: bool = False,
+        reload_on_sighup: bool = False,
         **runtime_overrides: Any,
     ) -> None:
         self.config = config
@@ -213,6 +219,9 @@ class Gateway:
         self.runtime = runtime
         self.git_sha = git_sha
         self.tune_gc = tune_gc
+        #: Serving from ``tidegate serve`` (the main thread of a process of its own): SIGHUP
+        #: reloads the keys file instead of killing the process.
+        self.reload_on_sighup = reload_on_sighup
         self._overrides = runtime_overrides
         self._refresher: asyncio.Task[None] | None = None
         self._controller: asyncio.Task[None] | None = None
@@ -237,8 +246,16 @@ class Gateway:
         self._refresher = loop.create_task(self._refresh_flags_forever())
         if self.runtime.canaries:
             self._controller = loop.create_task(self._control_rollouts_forever())
+        if self.reload_on_sighup:
+            loop.add_signal_handler(signal.SIGHUP, self.reload_keys)
+            # One line per serving process: uvicorn's own (a worker replaced on the
+            # supervisor's SIGHUP, one that died) are below the log level it is given.
+            log.info("serving", pid=os.getpid())
 
     async def shutdown(self) -> None:
+        if self.reload_on_sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            log.info("stopping", pid=os.getpid())
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         self._watches.close()
@@ -304,6 +321,27 @@ class Gateway:
                     await take_step(rt, alias)
                 except TidegateError as exc:  # a store blip: try again next round
                     log.warning("rollout_step_failed", route=alias, error=exc.message)
+
+    def reload_keys(self) -> None:
+        """SIGHUP: read ``auth.keys_file`` again; a file that does not load keeps the old keys.
+
+        A request holds the identity it was given; the next one is checked against the new
+        keys. Nothing else of the config is read again: other changes need a restart.
+        """
+        rt = self.runtime
+        assert rt is not None, "the handler is installed once the runtime is built"
+        keys_file = self.config.auth.keys_file
+        if keys_file is None:
+            log.warning("sighup_ignored", reason="no auth.keys_file to reload", note=_RESTART_NOTE)
+            return
+        path = resolve(self.config_path, keys_file)
+        try:
+            keys = KeyRing.from_file(path, classes=self.config.admission.classes)
+        except ConfigError as exc:
+            log.error("keys_reload_failed", error=exc.message, keys_kept=len(rt.keys))
+            return
+        rt.keys = keys
+        log.info("keys_reloaded", keys=len(keys), file=str(keys_file), note=_RESTART_NOTE)
 
     def begin_drain(self) -> None:
         """uvicorn began its graceful shutdown (the connections are told, see ``protocol``).

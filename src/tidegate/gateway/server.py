@@ -94,7 +94,7 @@ def app_from_env() -> Gateway:
     path = Path(os.environ[CONFIG_ENV])
     config = load_config(path)
     configure_logging(config)
-    return Gateway(config, path, git_sha=git_sha(), tune_gc=True)
+    return Gateway(config, path, git_sha=git_sha(), tune_gc=True, reload_on_sighup=True)
 
 
 def run(
@@ -111,6 +111,10 @@ def run(
     itself (a stream with its in-band ``stream_incomplete`` event, an answer not yet begun with
     503 ``shutting_down``), each with its log line; cancelled requests still settle their
     bookkeeping (shielded), and the lifespan shutdown closes stores and the upstream session.
+
+    SIGHUP reloads ``auth.keys_file`` in each process that serves. With ``workers`` > 1 uvicorn's
+    supervisor takes SIGHUP itself: it replaces the workers one at a time (each new one reads the
+    whole config, and a worker that fails to start leaves the old one serving).
     """
     config = load_config(config_path)
     configure_logging(config)
@@ -138,7 +142,7 @@ def run(
         os.environ[CONFIG_ENV] = str(config_path.resolve())
         uvicorn.run("tidegate.gateway.server:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
         return
-    app = Gateway(config, config_path, git_sha=git_sha(), tune_gc=True)
+    app = Gateway(config, config_path, git_sha=git_sha(), tune_gc=True, reload_on_sighup=True)
     uvicorn.run(app, **common)  # type: ignore[arg-type]
 
 
