@@ -19,13 +19,16 @@
     │   ├── Forbidden               403  forbidden              the key may not use this model or action
     │   ├── ModelNotFound           404  model_not_found        no route for the requested model
     │   ├── NotFound                404  not_found              no such path, or no such admin object
+    │   ├── RequestTimeout          408  request_timeout        the head or body did not arrive in time
     │   ├── IdempotencyConflict     409  idempotency_in_progress the same key is still running elsewhere
     │   ├── AlreadyDecided          409  already_decided        a pending action was approved or rejected before
     │   ├── ActionExpired           410  action_expired         a pending action expired undecided
     │   ├── PayloadTooLarge         413  payload_too_large      the body is over the configured limit
     │   ├── UnsupportedMediaType    415  unsupported_media_type the body is not JSON
-    │   └── IdempotencyMismatch     422  idempotency_key_reused the same key came with another body
-    └── StoreError                  503  store_unavailable      shared state did not answer (keeps the original)
+    │   ├── IdempotencyMismatch     422  idempotency_key_reused the same key came with another body
+    │   └── HeadersTooLarge         431  headers_too_large      too many headers, or too many bytes of them
+    ├── StoreError                  503  store_unavailable      shared state did not answer (keeps the original)
+    └── ShuttingDown                503  shutting_down          the drain time ended before the answer did
 
 ``ConfigError`` is not an answer to a request: it stops the process at start-up, naming the key.
 
@@ -56,6 +59,7 @@ __all__ = [
     "ErrorSpec",
     "ErrorType",
     "Forbidden",
+    "HeadersTooLarge",
     "IdempotencyConflict",
     "IdempotencyMismatch",
     "InvalidRequest",
@@ -68,6 +72,8 @@ __all__ = [
     "RateLimited",
     "Rejected",
     "RequestError",
+    "RequestTimeout",
+    "ShuttingDown",
     "StoreError",
     "TidegateError",
     "Unauthenticated",
@@ -286,8 +292,20 @@ class IdempotencyConflict(RequestError):
         return self._retry_after
 
 
+class RequestTimeout(RequestError):
+    """The request's head or body did not arrive in time (answered by the connection itself)."""
+
+    code = "request_timeout"
+
+
 class PayloadTooLarge(RequestError):
     code = "payload_too_large"
+
+
+class HeadersTooLarge(RequestError):
+    """Too many header fields, or the request line and headers are over the byte limit."""
+
+    code = "headers_too_large"
 
 
 class UnsupportedMediaType(RequestError):
@@ -316,6 +334,16 @@ class StoreError(TidegateError):
     @property
     def retry_after(self) -> float | None:
         return self._retry_after
+
+
+class ShuttingDown(TidegateError):
+    """The replica's drain time ended before the request's answer did; another replica can."""
+
+    code = "shutting_down"
+
+    @property
+    def retry_after(self) -> float | None:
+        return 1.0
 
 
 class ConfigError(TidegateError):
@@ -361,6 +389,9 @@ ERROR_TABLE: Final[Mapping[str, ErrorSpec]] = {
     "idempotency_in_progress": ErrorSpec(
         409, T.CONFLICT, True, "a request with this Idempotency-Key is still running"
     ),
+    "request_timeout": ErrorSpec(
+        408, T.TIMEOUT, True, "the request's head or body did not arrive in time"
+    ),
     "payload_too_large": ErrorSpec(
         413, T.INVALID_REQUEST, False, "the body is over the size limit"
     ),
@@ -368,8 +399,14 @@ ERROR_TABLE: Final[Mapping[str, ErrorSpec]] = {
     "idempotency_key_reused": ErrorSpec(
         422, T.INVALID_REQUEST, False, "the Idempotency-Key was used with another request body"
     ),
+    "headers_too_large": ErrorSpec(
+        431, T.INVALID_REQUEST, False, "too many headers, or the request head is too large"
+    ),
     # infrastructure
     "store_unavailable": ErrorSpec(503, T.UNAVAILABLE, True, "shared state did not answer"),
+    "shutting_down": ErrorSpec(
+        503, T.UNAVAILABLE, True, "the replica's drain time ended before the answer was ready"
+    ),
     "internal_error": ErrorSpec(
         500, T.UPSTREAM, True, "a bug in tidegate; the log has the details"
     ),

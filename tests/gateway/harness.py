@@ -1,14 +1,21 @@
-"""Start real servers on loopback for socket-level tests: the gateway (uvicorn) in a thread."""
+"""Start real servers on loopback for socket-level tests: the gateway (uvicorn) in a thread,
+or ``tidegate serve`` in a process of its own (for signals, and for its memory)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 import yaml
 
@@ -98,3 +105,105 @@ def running_gateway(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServedProcess:
+    """A ``tidegate serve`` process; its stdout and stderr lines are collected as they come."""
+
+    def __init__(self, process: subprocess.Popen[bytes], base: str, port: int) -> None:
+        self.process = process
+        self.base = base
+        self.port = port
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream,), daemon=True)
+            for stream in (process.stdout, process.stderr)
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            with self._lock:
+                self._lines.append(raw.decode("utf-8", "replace"))
+
+    def output(self) -> str:
+        """Everything the process wrote so far, stdout and stderr interleaved by line."""
+        with self._lock:
+            return "".join(self._lines)
+
+    def wait_for(self, text: str, timeout: float = 5.0) -> str:
+        """The output once ``text`` is in it (an AssertionError after ``timeout`` seconds)."""
+        pause = threading.Event()
+        for _ in range(int(timeout / 0.02)):
+            out = self.output()
+            if text in out:
+                return out
+            pause.wait(0.02)
+        raise AssertionError(f"{text!r} not in the output:\n{self.output()}")
+
+    def rss_kib(self) -> int:
+        """The process's resident memory (Linux: ``VmRSS`` in /proc)."""
+        with open(f"/proc/{self.process.pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS in /proc/<pid>/status")
+
+    def finish(self, timeout: float = 10.0) -> str:
+        """Wait for the process to exit (killing its process group after ``timeout``: worker
+        processes too); all its output."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+        for reader, stream in zip(
+            self._readers, (self.process.stdout, self.process.stderr), strict=True
+        ):
+            # Closing a pipe a reader still blocks on would wait for that reader for ever.
+            if stream is not None and not reader.is_alive():
+                stream.close()
+        return self.output()
+
+
+@contextmanager
+def serving_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[ServedProcess]:
+    """``tidegate serve`` on a free loopback port with ``config`` (its ``server.port`` is set
+    here), once ``/healthz`` answers; killed on the way out if it is still running."""
+    port = free_port()
+    config = {**config, "server": {**config.get("server", {}), "port": port}}
+    path = write_config(tmp_path, config)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tidegate.cli", "serve", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, with the workers it starts
+    )
+    served = ServedProcess(process, f"http://127.0.0.1:{port}", port)
+    try:
+        pause = threading.Event()
+        for _ in range(400):
+            assert process.poll() is None, served.finish()
+            try:
+                if httpx.get(f"{served.base}/healthz", timeout=0.2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            pause.wait(0.05)
+        else:
+            raise AssertionError(f"the gateway did not start:\n{served.output()}")
+        yield served
+    finally:
+        if process.poll() is None:
+            process.terminate()  # uvicorn's supervisor stops its workers on SIGTERM
+        served.finish()

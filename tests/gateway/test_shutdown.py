@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.harness import KEY, fake, write_config
+from tests.gateway.harness import KEY, fake, serving_process, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +82,79 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+def _dechunk(raw: bytes) -> tuple[bytes, bool]:
+    """A chunked body's content, and whether it ended with the last (zero) chunk."""
+    body = b""
+    while raw:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body, raw == b"\r\n"
+        body, raw = body + raw[:size], raw[size + 2 :]
+    return body, False
+
+
+def _read_until_closed(conn: socket.socket) -> bytes:
+    out = b""
+    while chunk := conn.recv(65536):
+        out += chunk
+    return out
+
+
+def test_what_outlives_the_drain_is_ended_honestly(tmp_path: Path) -> None:
+    """At the drain's end a stream gets its stream_incomplete event and a proper end, an answer
+    not yet begun gets 503 shutting_down, each has its log line, and nothing prints a traceback."""
+    config = {
+        "server": {"drain_seconds": 0.5},
+        "logging": {"level": "info"},
+        "providers": {
+            "slow_stream": fake(" ".join(f"w{i}" for i in range(40)), tokens_per_second=4),
+            "slow_answer": fake("late", latency=10.0),
+        },
+        "models": {
+            "chat": {"providers": ["slow_stream"]},
+            "slow": {"providers": ["slow_answer"]},
+        },
+    }
+    with serving_process(tmp_path, config) as served:
+        conns = []
+        for model, stream in (("chat", True), ("slow", False)):
+            body = json.dumps(
+                {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+            ).encode()
+            conn = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+            conn.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+                b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                b"Content-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
+            conns.append(conn)
+        first = conns[0].recv(65536)  # the stream's head and first chunk: it is under way
+        assert first.startswith(b"HTTP/1.1 200"), first
+        served.process.send_signal(signal.SIGTERM)
+        streamed = first + _read_until_closed(conns[0])
+        answered = _read_until_closed(conns[1])
+        for conn in conns:
+            conn.close()
+        assert served.process.wait(timeout=10) in (0, -signal.SIGTERM)
+        output = served.finish()
+
+    head, _, chunked = streamed.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head
+    events, ended = _dechunk(chunked)
+    assert ended, streamed[-200:]
+    last = events.strip().split(b"\n\n")[-1]
+    assert last.startswith(b"data: ")
+    assert json.loads(last[6:])["error"]["code"] == "stream_incomplete"
+    assert b"[DONE]" not in events
+
+    assert answered.startswith(b"HTTP/1.1 503"), answered
+    assert json.loads(answered.partition(b"\r\n\r\n")[2])["error"]["code"] == "shutting_down"
+
+    requests = [json.loads(line) for line in output.splitlines() if '"event":"request"' in line]
+    assert sorted(r["outcome"] for r in requests) == ["shutting_down", "stream_incomplete"]
+    assert "Traceback" not in output
+    assert "Exception in ASGI application" not in output

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
+import signal
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,12 @@ from typing import Any
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import StoreError, TidegateError
+from tidegate.errors import ConfigError, ShuttingDown, StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
-from tidegate.gateway.config import Config
+from tidegate.gateway.auth import KeyRing
+from tidegate.gateway.config import Config, resolve
 from tidegate.gateway.http import (
+    DRAIN_ENDED,
     ClientDisconnected,
     Receive,
     Scope,
@@ -28,6 +32,7 @@ from tidegate.gateway.http import (
 )
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
+from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits
 from tidegate.gateway.runtime import (
     Runtime,
     build_runtime,
@@ -74,6 +79,12 @@ def tune_gc() -> None:
 
 #: A request still running after this many seconds starts watching for its client to go away.
 WATCH_AFTER_S = 0.05
+#: The requests still running this long before uvicorn's drain deadline are ended by the
+#: gateway (a stream with its in-band error event, an answer not begun with 503), leaving
+#: uvicorn's own cancellation nothing to cut; half the drain when that is shorter.
+DRAIN_MARGIN_S = 0.25
+#: What the SIGHUP log lines add: the keys file is all a reload reads.
+_RESTART_NOTE = "other config changes take effect on restart"
 
 
 def log_request(fields: dict[str, Any]) -> None:
@@ -85,7 +96,16 @@ def log_request(fields: dict[str, Any]) -> None:
 class _Watch:
     """One request that may need watching: its task, its exchange and its ``receive``."""
 
-    __slots__ = ("cancelled_here", "ex", "receive", "responded", "since", "task", "watcher")
+    __slots__ = (
+        "cancelled_here",
+        "ex",
+        "receive",
+        "responded",
+        "since",
+        "started",
+        "task",
+        "watcher",
+    )
 
     def __init__(
         self, task: asyncio.Task[Any], ex: Exchange, receive: Receive, since: float
@@ -95,6 +115,8 @@ class _Watch:
         self.receive = receive
         self.since = since
         self.responded = False
+        #: The response's first message went out (its status can no longer change).
+        self.started = False
         self.cancelled_here = False
         self.watcher: asyncio.Task[None] | None = None
 
@@ -168,6 +190,15 @@ class DisconnectWatches:
             self._timer.cancel()
             self._timer = None
 
+    def end_all(self) -> int:
+        """Cancel every request not yet answered nor settling, with :data:`DRAIN_ENDED`."""
+        ended = 0
+        for watch in [*self._young, *self._watched]:
+            if not watch.responded and not watch.ex.settling:
+                watch.task.cancel(DRAIN_ENDED)
+                ended += 1
+        return ended
+
 
 class Gateway:
     """An ASGI app; the runtime is built at lifespan start-up (or passed in by tests)."""
@@ -180,6 +211,7 @@ class Gateway:
         runtime: Runtime | None = None,
         git_sha: str = "unknown",
         tune_gc: bool = False,
+        reload_on_sighup: bool = False,
         **runtime_overrides: Any,
     ) -> None:
         self.config = config
@@ -187,10 +219,14 @@ class Gateway:
         self.runtime = runtime
         self.git_sha = git_sha
         self.tune_gc = tune_gc
+        #: Serving from ``tidegate serve`` (the main thread of a process of its own): SIGHUP
+        #: reloads the keys file instead of killing the process.
+        self.reload_on_sighup = reload_on_sighup
         self._overrides = runtime_overrides
         self._refresher: asyncio.Task[None] | None = None
         self._controller: asyncio.Task[None] | None = None
         self._watches = DisconnectWatches()
+        self._drain_timer: asyncio.TimerHandle | None = None
         #: Writes the request's log line; start-up sets the cheapest writer the logging allows.
         self._log_request: Callable[[dict[str, Any]], None] = log_request
 
@@ -210,8 +246,18 @@ class Gateway:
         self._refresher = loop.create_task(self._refresh_flags_forever())
         if self.runtime.canaries:
             self._controller = loop.create_task(self._control_rollouts_forever())
+        if self.reload_on_sighup:
+            loop.add_signal_handler(signal.SIGHUP, self.reload_keys)
+            # One line per serving process: uvicorn's own (a worker replaced on the
+            # supervisor's SIGHUP, one that died) are below the log level it is given.
+            log.info("serving", pid=os.getpid())
 
     async def shutdown(self) -> None:
+        if self.reload_on_sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            log.info("stopping", pid=os.getpid())
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         self._watches.close()
         for task in (self._refresher, self._controller):
             if task is not None:
@@ -276,7 +322,48 @@ class Gateway:
                 except TidegateError as exc:  # a store blip: try again next round
                     log.warning("rollout_step_failed", route=alias, error=exc.message)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    def reload_keys(self) -> None:
+        """SIGHUP: read ``auth.keys_file`` again; a file that does not load keeps the old keys.
+
+        A request holds the identity it was given; the next one is checked against the new
+        keys. Nothing else of the config is read again: other changes need a restart.
+        """
+        rt = self.runtime
+        assert rt is not None, "the handler is installed once the runtime is built"
+        keys_file = self.config.auth.keys_file
+        if keys_file is None:
+            log.warning("sighup_ignored", reason="no auth.keys_file to reload", note=_RESTART_NOTE)
+            return
+        path = resolve(self.config_path, keys_file)
+        try:
+            keys = KeyRing.from_file(path, classes=self.config.admission.classes)
+        except ConfigError as exc:
+            log.error("keys_reload_failed", error=exc.message, keys_kept=len(rt.keys))
+            return
+        rt.keys = keys
+        log.info("keys_reloaded", keys=len(keys), file=str(keys_file), note=_RESTART_NOTE)
+
+    def begin_drain(self) -> None:
+        """uvicorn began its graceful shutdown (the connections are told, see ``protocol``).
+
+        Shortly before ``server.drain_seconds`` is up, :meth:`_end_drain` ends what is still
+        running itself; uvicorn cancels what is left at the deadline, mid-write, and prints a
+        traceback for each.
+        """
+        if self._drain_timer is not None:
+            return
+        drain = self.config.server.drain_seconds
+        loop = asyncio.get_running_loop()
+        self._drain_timer = loop.call_later(drain - min(DRAIN_MARGIN_S, drain / 2), self._end_drain)
+        in_flight = self.runtime.in_flight if self.runtime is not None else 0
+        log.info("drain_started", in_flight=in_flight, drain_seconds=drain)
+
+    def _end_drain(self) -> None:
+        ended = self._watches.end_all()
+        if ended:
+            log.warning("drain_ended", requests_ended=ended)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
@@ -286,6 +373,10 @@ class Gateway:
                     log.error("startup_failed", error=str(exc))
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                if "state" in scope:  # what uvicorn hands every connection it makes
+                    scope["state"][STATE_KEY] = ConnectionLimits.from_config(
+                        self.config.server, self.begin_drain
+                    )
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()
@@ -297,7 +388,7 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await self._lifespan(receive, send)
+            await self._lifespan(scope, receive, send)
             return
         if kind != "http":
             return
@@ -431,18 +522,26 @@ class Gateway:
         watch = _Watch(this, ex, receive, loop.time())
 
         def tracked_send(message: MutableMapping[str, Any]) -> Awaitable[None]:
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                return _send_last(send, message, watch)
+            if message["type"] == "http.response.body":
+                if not message.get("more_body"):
+                    return _send_last(send, message, watch)
+            else:
+                watch.started = True
             return send(message)
 
         self._watches.add(watch)
         try:
             await handler(rt, ex, headers, body, tracked_send)
-        except asyncio.CancelledError:
-            # Only the watcher's own cancellation ends here; another one requested meanwhile
-            # (the drain deadline at shutdown) still propagates.
-            if not watch.cancelled_here or this.uncancel() > 0:
+        except asyncio.CancelledError as cancel:
+            # Only the watcher's own cancellation and the gateway's at the drain's end stop
+            # here; another one requested meanwhile (uvicorn's at the drain deadline) goes on.
+            drained = cancel.args == (DRAIN_ENDED,)
+            if not (drained or watch.cancelled_here) or this.uncancel() > 0:
                 raise
+            if drained and not watch.started:
+                error = ShuttingDown("the replica shut down before the answer was ready")
+                ex.outcome = error.code
+                ex.status = await send_error(send, error, ex.answer_headers())
         finally:
             self._watches.discard(watch)
 

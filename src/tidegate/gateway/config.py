@@ -82,6 +82,17 @@ class ServerConfig(_Strict):
     drain_seconds: NonNegFloat = 20.0
     max_body_bytes: PositiveInt = 1_048_576
     request_timeout_s: PositiveFloat = 60.0
+    #: What one connection may make the server hold before the app sees a request (see
+    #: ``gateway.protocol``): an API client's head is a dozen headers and about a kilobyte.
+    #: 100 fields and 32 KiB are Apache's field limit and nginx's default header buffers.
+    max_header_count: PositiveInt = 100
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 32_768
+    #: From a connection's (or a request's) first byte to the end of its headers.
+    header_timeout_s: PositiveFloat = 10.0
+    #: From the end of the headers to the end of the body: 1 MiB at 35 KiB/s.
+    body_timeout_s: PositiveFloat = 30.0
+    #: An idle keep-alive connection is closed after this (uvicorn's own default).
+    keep_alive_s: PositiveFloat = 5.0
 
 
 class AuthConfig(_Strict):

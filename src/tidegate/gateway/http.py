@@ -14,6 +14,7 @@ import orjson
 from tidegate.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, http_error
 
 __all__ = [
+    "DRAIN_ENDED",
     "ClientDisconnected",
     "Receive",
     "Scope",
@@ -37,6 +38,12 @@ Send = Callable[[Message], Awaitable[None]]
 
 class ClientDisconnected(Exception):
     """The client went away before its request body arrived."""
+
+
+#: The message of the cancellation with which the gateway ends the requests still running when
+#: the drain time is nearly up (see ``Gateway.begin_drain``): told apart from uvicorn's own and
+#: from a disconnect, it is answered rather than passed on.
+DRAIN_ENDED = "tidegate: the drain time is up"
 
 
 def request_headers(scope: Scope) -> dict[str, str]:

@@ -18,6 +18,7 @@ import uvicorn
 from tidegate.gateway.app import Gateway, log_request
 from tidegate.gateway.config import Config, load_config
 from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp, flush_all
+from tidegate.gateway.protocol import GuardedHttpToolsProtocol
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
@@ -93,7 +94,7 @@ def app_from_env() -> Gateway:
     path = Path(os.environ[CONFIG_ENV])
     config = load_config(path)
     configure_logging(config)
-    return Gateway(config, path, git_sha=git_sha(), tune_gc=True)
+    return Gateway(config, path, git_sha=git_sha(), tune_gc=True, reload_on_sighup=True)
 
 
 def run(
@@ -105,9 +106,15 @@ def run(
 ) -> None:
     """Validate the config (refusing to start on any problem), then serve until SIGTERM/SIGINT.
 
-    On SIGTERM uvicorn stops accepting, lets in-flight requests and streams finish for up to
-    ``server.drain_seconds``, then cancels what is left; cancelled requests still settle their
+    On SIGTERM uvicorn stops accepting and lets in-flight requests and streams finish for up to
+    ``server.drain_seconds``. Just before that is up the gateway ends what is still running
+    itself (a stream with its in-band ``stream_incomplete`` event, an answer not yet begun with
+    503 ``shutting_down``), each with its log line; cancelled requests still settle their
     bookkeeping (shielded), and the lifespan shutdown closes stores and the upstream session.
+
+    SIGHUP reloads ``auth.keys_file`` in each process that serves. With ``workers`` > 1 uvicorn's
+    supervisor takes SIGHUP itself: it replaces the workers one at a time (each new one reads the
+    whole config, and a worker that fails to start leaves the old one serving).
     """
     config = load_config(config_path)
     configure_logging(config)
@@ -118,11 +125,13 @@ def run(
         "host": host,
         "port": port,
         "loop": "uvloop",
-        "http": "httptools",
+        # httptools with header limits and head and body timeouts (see gateway.protocol).
+        "http": GuardedHttpToolsProtocol,
         "lifespan": "on",
         "access_log": False,
         "log_level": "warning",
         "timeout_graceful_shutdown": config.server.drain_seconds,
+        "timeout_keep_alive": config.server.keep_alive_s,
         "server_header": False,
         # tidegate reads neither the client address nor the scheme: no X-Forwarded-* rewriting
         # of them on every request.
@@ -133,7 +142,8 @@ def run(
         os.environ[CONFIG_ENV] = str(config_path.resolve())
         uvicorn.run("tidegate.gateway.server:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
         return
-    uvicorn.run(Gateway(config, config_path, git_sha=git_sha(), tune_gc=True), **common)  # type: ignore[arg-type]
+    app = Gateway(config, config_path, git_sha=git_sha(), tune_gc=True, reload_on_sighup=True)
+    uvicorn.run(app, **common)  # type: ignore[arg-type]
 
 
 def _announce(config: Config, config_path: Path, host: str, port: int) -> None:

@@ -20,6 +20,7 @@ named in the final chunk's ``tidegate`` field.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import structlog
 
-from tidegate.errors import ProviderError, ProviderErrorKind, error_body
-from tidegate.gateway.http import Send, start_stream
+from tidegate.errors import ProviderError, ProviderErrorKind, ShuttingDown, error_body
+from tidegate.gateway.http import DRAIN_ENDED, Send, start_stream
 from tidegate.gateway.pipeline import NOT_EVIDENCE
 from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
 
@@ -260,7 +261,47 @@ async def relay(
     plan: RoutePlan,
     reset_allowed: bool,
 ) -> None:
-    """Relay the committed stream; rescue it if it breaks; end it honestly either way."""
+    """Relay the committed stream; rescue it if it breaks; end it honestly either way.
+
+    The gateway's cancellation when the drain time is nearly up (:data:`DRAIN_ENDED`) ends the
+    stream the same way as a break nothing rescued: an in-band ``stream_incomplete`` event and
+    the end of the body, instead of a connection cut mid-chunk.
+    """
+    try:
+        await _relay(
+            rt,
+            ex,
+            writer,
+            opened,
+            route=route,
+            body=body,
+            deadline=deadline,
+            plan=plan,
+            reset_allowed=reset_allowed,
+        )
+    except asyncio.CancelledError as cancel:
+        task = asyncio.current_task()
+        if cancel.args != (DRAIN_ENDED,) or task is None or task.uncancel() > 0:
+            raise
+        payload = error_body(ShuttingDown("the replica is shutting down"))
+        payload["error"]["code"] = "stream_incomplete"
+        payload["error"]["message"] = "the answer is incomplete: the replica is shutting down"
+        ex.outcome = "stream_incomplete"
+        await writer.fail(payload)
+
+
+async def _relay(
+    rt: Runtime,
+    ex: Exchange,
+    writer: StreamWriter,
+    opened: OpenStream,
+    *,
+    route: Route,
+    body: dict[str, Any],
+    deadline: Deadline,
+    plan: RoutePlan,
+    reset_allowed: bool,
+) -> None:
     from tidegate.gateway.pipeline import open_stream
 
     served = [opened.spec.name]

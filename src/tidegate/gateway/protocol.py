@@ -1,0 +1,280 @@
+"""The HTTP/1.1 connection: uvicorn's httptools protocol, with limits on what a client can make it hold.
+
+uvicorn's httptools protocol takes a request head of any size with any number of fields, and waits
+for a head or a body for ever. httptools keeps a header until its end has arrived, so a few
+connections each sending one endless header grow the process by hundreds of MiB, and thousands
+that trickle a byte at a time are held as long as they like. :class:`GuardedHttpToolsProtocol`
+adds what the app never sees, all before authentication:
+
+- at most ``server.max_header_count`` header fields and ``server.max_header_bytes`` bytes of
+  request line and headers; over either, 431 and the connection is closed. Bytes are counted as
+  they are read, so what the parser holds of an unfinished head is at most the limit plus one
+  read, whatever the client sends; a finished head is measured exactly before the app starts;
+- ``server.header_timeout_s`` from a connection's start (on a kept-alive connection, the next
+  request's first byte) to the end of the headers, and ``server.body_timeout_s`` from there to
+  the end of the body; past either, 408 and the connection is closed. A connection that never
+  sent a byte is closed without an answer: it made no request to answer.
+
+Idle keep-alive is uvicorn's own ``timeout_keep_alive`` (``server.keep_alive_s``). The protocol
+also tells the app when uvicorn begins its graceful shutdown (``ConnectionLimits.on_drain``).
+
+The request path pays nothing per header, a clock read at the start of a kept-alive request's
+head and at the end of every head, and no task: the one timer of a connection is re-armed when
+it fires early, not on every request (a second handle only for a body that takes more than the
+read that ended its head). The app hands the limits over in the lifespan state
+(:data:`STATE_KEY`), which uvicorn gives every protocol it makes, in every worker process.
+
+This builds on uvicorn's private protocol API (parser callbacks, ``cycle``, ``pipeline``);
+``tests/gateway/test_protocol.py`` pins what it relies on, so an upgrade that changes it fails
+there instead of silently dropping a limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import httptools
+import orjson
+from uvicorn.config import Config as UvicornConfig
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from tidegate.errors import HeadersTooLarge, RequestTimeout, TidegateError, http_error
+from tidegate.gateway.config import ServerConfig
+
+__all__ = ["STATE_KEY", "ConnectionLimits", "GuardedHttpToolsProtocol"]
+
+#: The lifespan-state key under which the app leaves its :class:`ConnectionLimits`.
+STATE_KEY = "tidegate.connection_limits"
+
+#: What a header line adds to its name and value: ": " and CRLF.
+_LINE_OVERHEAD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one connection may make the server hold, and whom to tell that the drain began."""
+
+    max_header_count: int
+    max_header_bytes: int
+    header_timeout_s: float
+    body_timeout_s: float
+    #: Called (from the event loop) each time uvicorn asks a connection to close at shutdown.
+    on_drain: Callable[[], None] | None = None
+
+    @classmethod
+    def from_config(
+        cls, server: ServerConfig, on_drain: Callable[[], None] | None = None
+    ) -> ConnectionLimits:
+        return cls(
+            server.max_header_count,
+            server.max_header_bytes,
+            server.header_timeout_s,
+            server.body_timeout_s,
+            on_drain,
+        )
+
+
+#: Used when the app left no limits (it is not a Gateway, or the lifespan is off).
+DEFAULT_LIMITS = ConnectionLimits.from_config(ServerConfig())
+
+
+class _Refused(Exception):
+    """Raised in a parser callback: the only way to stop httptools in the middle of a read."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header limits and head and body timeouts."""
+
+    def __init__(
+        self,
+        config: UvicornConfig,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        limits: ConnectionLimits = app_state.get(STATE_KEY, DEFAULT_LIMITS)
+        self.limits = limits
+        self._max_count = limits.max_header_count
+        self._max_bytes = limits.max_header_bytes
+        #: From the end of one request (or the connection's start) to the end of the next head.
+        self._in_head = True
+        #: Bytes read since the head began, whole reads: the head is no larger, and what
+        #: httptools holds of an unfinished header is no larger either. 0: no byte of it yet.
+        self._head_read = 0
+        self._head_started = 0.0
+        self._body_deadline = 0.0
+        #: The body outlived the read that ended the head: the timer follows its deadline.
+        self._body_timed = False
+        self._refusal: TidegateError | None = None
+        #: One per connection: re-armed when it fires early, not moved on every request (a
+        #: request only notes the time its head and its body began).
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_started = self.loop.time()
+        self._timer = self.loop.call_at(
+            self._head_started + self.limits.header_timeout_s, self._timed_out
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's own, with the limits around the parser (and 431 instead of its 400 when the
+        # parser was stopped on purpose, below).
+        if self._in_head:
+            if self._head_read == 0 and self.cycle is not None:
+                # A kept-alive connection's next request: its head's time starts now.
+                self._head_started = self.loop.time()
+                if self._timer is None:
+                    self._timer = self.loop.call_at(
+                        self._head_started + self.limits.header_timeout_s, self._timed_out
+                    )
+            self._head_read += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(431, self._refusal)
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            self._cancel_timer()  # another protocol, or none, has the connection from here
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._in_head:
+            if self._head_read > self._max_bytes:  # unfinished, and already over
+                self._refuse(431, self._too_large())
+        elif not self._body_timed:
+            self._body_timed = True
+            timer = self._timer
+            if timer is None or timer.when() > self._body_deadline:
+                self._cancel_timer()
+                self._timer = self.loop.call_at(self._body_deadline, self._timed_out)
+
+    def shutdown(self) -> None:
+        on_drain = self.limits.on_drain
+        if on_drain is not None:
+            on_drain()
+        super().shutdown()
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_headers_complete(self) -> None:
+        # Before uvicorn starts the app: a head over a limit never reaches it. Headers are not
+        # counted one by one: the limit on bytes read bounds what a head can hold meanwhile.
+        if len(self.headers) > self._max_count:
+            self._stop(HeadersTooLarge(f"more than {self._max_count} header fields"))
+        if self._head_read > self._max_bytes and self._head_size() > self._max_bytes:
+            self._stop(self._too_large())
+        self._in_head = False
+        self._body_timed = False
+        self._body_deadline = self.loop.time() + self.limits.body_timeout_s
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True
+        self._head_read = 0
+
+    # ------------------------------------------------------------------ limits
+
+    def _head_size(self) -> int:
+        """The request line and headers, exactly (asked only when a read went past the limit:
+        the head may have been a small part of it, with the body)."""
+        size = len(self.url)
+        for name, value in self.headers:
+            size += len(name) + len(value) + _LINE_OVERHEAD
+        return size
+
+    def _too_large(self) -> HeadersTooLarge:
+        return HeadersTooLarge(f"the request line and headers are over {self._max_bytes} bytes")
+
+    def _stop(self, error: TidegateError) -> NoReturn:
+        self._refusal = error
+        raise _Refused
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        # None until the connection's first head is complete (uvicorn's annotation omits it).
+        cycle: RequestResponseCycle | None = self.cycle
+        if self._in_head:
+            if self._head_read == 0:
+                if cycle is None:  # a new connection that never sent a byte: nothing to answer
+                    self.transport.close()
+                # Else between requests: uvicorn's keep-alive timer, or the app's own work.
+                return
+            due = self._head_started + self.limits.header_timeout_s
+            if now < due:
+                self._timer = self.loop.call_at(due, self._timed_out)
+            elif cycle is not None and not cycle.response_complete:
+                # The answer to the previous request is still being sent: no answer fits.
+                self.transport.close()
+            else:
+                self._refuse(408, RequestTimeout(self._late("headers", "header_timeout_s")))
+            return
+        if self.pipeline:
+            # Queued behind the answer in progress, with reading paused by uvicorn: its body
+            # cannot arrive yet. Looked at again a body's time later.
+            self._timer = self.loop.call_at(now + self.limits.body_timeout_s, self._timed_out)
+            return
+        if now < self._body_deadline:
+            self._timer = self.loop.call_at(self._body_deadline, self._timed_out)
+            return
+        assert cycle is not None  # the body phase follows a complete head
+        if cycle.response_started:  # answered without the body: the rest is not wanted
+            self.transport.close()
+            return
+        # The app is waiting for the body: it sees a disconnect, and its own answer goes nowhere.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._refuse(408, RequestTimeout(self._late("body", "body_timeout_s")))
+
+    def _late(self, part: str, key: str) -> str:
+        seconds = getattr(self.limits, key)
+        return f"the request {part} did not arrive within {seconds:g}s"
+
+    def _refuse(self, status: int, error: TidegateError) -> None:
+        """Answer ``error`` in the project's JSON shape, and close: the rest is not read."""
+        self._cancel_timer()
+        _, body, extra = http_error(error)
+        payload = orjson.dumps(body)
+        phrase = http.HTTPStatus(status).phrase.encode("ascii")
+        content = [b"HTTP/1.1 %d %s\r\n" % (status, phrase)]
+        for name, value in self.server_state.default_headers:
+            content += [name, b": ", value, b"\r\n"]
+        for key, text in extra.items():
+            content += [key.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n"]
+        content += [
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(payload),
+            b"connection: close\r\n\r\n",
+            payload,
+        ]
+        self.transport.write(b"".join(content))
+        self.transport.close()
