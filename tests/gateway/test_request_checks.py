@@ -1,0 +1,92 @@
+"""What the gateway checks before it serves a request, and what it refuses: hostile or careless
+input gets its documented 4xx, never a 500 or another caller's answer."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from tests.gateway.conftest import AppFactory
+from tests.gateway.harness import KEY, fake
+from tidegate.gateway import http
+from tidegate.providers.fake import FakeProvider
+
+pytestmark = pytest.mark.asyncio
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
+JSON = {"Content-Type": "application/json"}
+#: A second user of KEY's tenant, in the keys file written by :func:`team_keys`.
+TEAMMATE_KEY = "tg-test-teammate-key"
+
+
+def one_route(**overrides: Any) -> dict[str, Any]:
+    return {
+        "providers": {"p": fake("answer", model="m-1")},
+        "models": {"chat": {"providers": ["p"]}},
+        "cache": {"enabled": False},
+        **overrides,
+    }
+
+
+def attempts(app: Any, name: str = "p") -> int:
+    provider = app.runtime.providers[name]
+    assert isinstance(provider, FakeProvider)
+    return len(provider.attempts)
+
+
+def team_keys(tmp_path: Path, *, teammate_models: tuple[str, ...] = ("*",)) -> dict[str, Any]:
+    """A keys file with two users of tenant t1 (KEY and TEAMMATE_KEY); its auth section."""
+
+    def entry(key: str, user: str, models: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            "id": user,
+            "sha256": hashlib.sha256(key.encode()).hexdigest(),
+            "tenant": "t1",
+            "user": user,
+            "models": list(models),
+        }
+
+    keys = {"keys": [entry(KEY, "u1", ("*",)), entry(TEAMMATE_KEY, "u3", teammate_models)]}
+    (tmp_path / "team.yaml").write_text(yaml.safe_dump(keys), encoding="utf-8")
+    return {"keys_file": "team.yaml"}
+
+
+def nested(depth: int) -> bytes:
+    """A valid chat body whose deepest value sits ``depth`` levels down (the body is level 1),
+    written by hand: neither json nor orjson writes a value this deep."""
+    inner = b"[" * (depth - 2) + b"{}" + b"]" * (depth - 2)
+    return orjson.dumps(CHAT)[:-1] + b',"metadata":' + inner + b"}"
+
+
+# --------------------------------------------------------------------------- nesting depth
+
+
+@pytest.mark.parametrize("depth", [http.MAX_JSON_DEPTH + 1, 300, 1_000])
+async def test_a_body_nested_past_the_limit_is_400_not_500(
+    gateway_client: AppFactory, depth: int
+) -> None:
+    """A body nested deeper than MAX_JSON_DEPTH is refused as invalid, before any provider call."""
+    async with gateway_client(one_route()) as (client, app):
+        response = await client.post("/v1/chat/completions", content=nested(depth), headers=JSON)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["code"], error["retryable"]) == ("invalid_request", False)
+        assert f"deeper than {http.MAX_JSON_DEPTH} levels" in error["message"]
+        assert attempts(app) == 0
+
+
+async def test_a_body_at_the_depth_limit_or_with_many_shallow_containers_is_served(
+    gateway_client: AppFactory,
+) -> None:
+    """Nesting up to the limit is fine, and so are many brackets that nest shallowly."""
+    many = {**CHAT, "messages": [{"role": "user", "content": f"{i}"} for i in range(200)]}
+    brackets = {**CHAT, "messages": [{"role": "user", "content": "[{" * 100}]}
+    async with gateway_client(one_route()) as (client, _):
+        for body in (nested(http.MAX_JSON_DEPTH), orjson.dumps(many), orjson.dumps(brackets)):
+            response = await client.post("/v1/chat/completions", content=body, headers=JSON)
+            assert response.status_code == 200, response.text
