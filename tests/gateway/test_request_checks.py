@@ -4,16 +4,20 @@ input gets its documented 4xx, never a 500 or another caller's answer."""
 from __future__ import annotations
 
 import hashlib
+import io
+import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import structlog
 import yaml
 
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import KEY, fake
-from tidegate.gateway import http
+from tidegate.gateway import http, pipeline
+from tidegate.gateway.server import flush_logs
 from tidegate.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.asyncio
@@ -90,3 +94,41 @@ async def test_a_body_at_the_depth_limit_or_with_many_shallow_containers_is_serv
         for body in (nested(http.MAX_JSON_DEPTH), orjson.dumps(many), orjson.dumps(brackets)):
             response = await client.post("/v1/chat/completions", content=body, headers=JSON)
             assert response.status_code == 200, response.text
+
+
+# --------------------------------------------------------------------------- tracebacks
+
+
+async def test_an_internal_error_logs_its_traceback_in_the_json_line(
+    gateway_client: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 500 writes one JSON log line carrying the exception's frames, without their locals."""
+    out = io.TextIOWrapper(io.BytesIO())
+    monkeypatch.setattr(sys, "stdout", out)  # where configure_logging, at start-up, writes
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug on the request path")
+
+    monkeypatch.setattr(pipeline, "plan_for", broken)
+    try:
+        async with gateway_client(one_route()) as (client, _):
+            # A fresh logger: the module's own may have been bound by an earlier configuration.
+            monkeypatch.setattr(pipeline, "log", structlog.get_logger("tidegate"))
+            response = await client.post("/v1/chat/completions", json=CHAT)
+        flush_logs()
+    finally:
+        structlog.reset_defaults()
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    raw = out.buffer.getvalue()
+    lines = [orjson.loads(line) for line in raw.splitlines() if line]
+    (line,) = [line for line in lines if line["event"] == "internal_error"]
+    assert line["request_id"] == response.headers["x-request-id"]
+    (exception,) = line["exception"]
+    assert (exception["exc_type"], exception["exc_value"]) == (
+        "RuntimeError",
+        "a bug on the request path",
+    )
+    assert exception["frames"][-1]["name"] == "broken"
+    assert all("locals" not in frame for frame in exception["frames"])
+    assert KEY.encode() not in raw  # the request's headers were a local of the frames
