@@ -132,3 +132,45 @@ async def test_an_internal_error_logs_its_traceback_in_the_json_line(
     assert exception["frames"][-1]["name"] == "broken"
     assert all("locals" not in frame for frame in exception["frames"])
     assert KEY.encode() not in raw  # the request's headers were a local of the frames
+
+
+# --------------------------------------------------------------------------- idempotency scope
+
+
+async def test_an_idempotency_key_is_scoped_to_the_user_not_only_the_tenant(
+    gateway_client: AppFactory, tmp_path: Path
+) -> None:
+    """Another user of the tenant with the same key runs its own request: no replay, no 422."""
+    other = {**CHAT, "messages": [{"role": "user", "content": "something else"}]}
+    teammate = {"Authorization": f"Bearer {TEAMMATE_KEY}"}
+    async with gateway_client(one_route(auth=team_keys(tmp_path))) as (client, app):
+        first = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"Idempotency-Key": "same-body"}
+        )
+        theirs = await client.post(
+            "/v1/chat/completions",
+            json=CHAT,
+            headers={**teammate, "Idempotency-Key": "same-body"},
+        )
+        assert (first.status_code, theirs.status_code) == (200, 200)
+        assert "idempotent-replayed" not in theirs.headers
+        assert theirs.json()["id"] != first.json()["id"]
+        assert attempts(app) == 2
+
+        await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"Idempotency-Key": "other-body"}
+        )
+        reused = await client.post(
+            "/v1/chat/completions",
+            json=other,
+            headers={**teammate, "Idempotency-Key": "other-body"},
+        )
+        assert reused.status_code == 200, reused.text
+        assert attempts(app) == 4
+
+        mine = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"Idempotency-Key": "same-body"}
+        )
+        assert mine.headers["idempotent-replayed"] == "true"  # the key still replays for u1
+        assert mine.content == first.content
+        assert attempts(app) == 4

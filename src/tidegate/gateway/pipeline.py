@@ -752,11 +752,12 @@ def settle_shielded(settle: Settlement, ex: Exchange) -> Awaitable[None]:
 
 
 async def _claim_idempotency(
-    rt: Runtime, ex: Exchange, key: str, fingerprint: str, deadline: Deadline
+    rt: Runtime, scoped: str, fingerprint: str, deadline: Deadline
 ) -> tuple[str, StoredResponse | None]:
-    """The claim token, or a stored response to replay; waits (bounded) for a running twin."""
-    assert ex.identity is not None
-    scoped = f"{ex.identity.tenant}:{key}"
+    """The claim token, or a stored response to replay; waits (bounded) for a running twin.
+
+    ``scoped`` is the caller's key in the caller's scope (:attr:`Identity.idempotency_scope`).
+    """
     waited = 0.0
     while True:
         try:
@@ -840,7 +841,8 @@ async def chat_completions(
             if not idem_key or len(idem_key) > 255:
                 raise InvalidRequest("Idempotency-Key must be 1 to 255 characters")
             fingerprint = hashlib.sha256(canonical(body)).hexdigest()
-            token, replay = await _claim_idempotency(rt, ex, idem_key, fingerprint, deadline)
+            scoped = identity.idempotency_scope + idem_key
+            token, replay = await _claim_idempotency(rt, scoped, fingerprint, deadline)
             if replay is not None:
                 ex.cache = "idempotent-replay"
                 ex.status = replay.status
@@ -856,7 +858,7 @@ async def chat_completions(
                     content_type=replay.headers.get("content-type", "application/json"),
                 )
                 return
-            settle.idempotency = (f"{identity.tenant}:{idem_key}", token)
+            settle.idempotency = (scoped, token)
 
         use_cache = rt.cache_enabled and not stream
         key = cache_key(identity, f"{alias}@{ex.version}", body) if use_cache else ""
