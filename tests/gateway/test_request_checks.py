@@ -174,3 +174,14 @@ async def test_an_idempotency_key_is_scoped_to_the_user_not_only_the_tenant(
         assert mine.headers["idempotent-replayed"] == "true"  # the key still replays for u1
         assert mine.content == first.content
         assert attempts(app) == 4
+
+
+async def test_a_replay_says_its_content_type_once(gateway_client: AppFactory) -> None:
+    """A replayed answer carries one Content-Type header, as the first answer did."""
+    async with gateway_client(one_route()) as (client, _):
+        headers = {"Idempotency-Key": "k"}
+        first = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+        again = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.headers.get_list("content-type") == first.headers.get_list("content-type")
+        assert again.headers.get_list("content-type") == ["application/json"]

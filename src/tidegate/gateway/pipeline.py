@@ -846,16 +846,15 @@ async def chat_completions(
             if replay is not None:
                 ex.cache = "idempotent-replay"
                 ex.status = replay.status
+                stored = dict(replay.headers)
+                # send_bytes writes the Content-Type: kept in the stored headers it came twice.
+                content_type = stored.pop("content-type", "application/json")
                 await send_bytes(
                     send,
                     replay.status,
                     replay.body,
-                    [
-                        *ex.answer_headers(),
-                        ("idempotent-replayed", "true"),
-                        *replay.headers.items(),
-                    ],
-                    content_type=replay.headers.get("content-type", "application/json"),
+                    [*ex.answer_headers(), ("idempotent-replayed", "true"), *stored.items()],
+                    content_type=content_type,
                 )
                 return
             settle.idempotency = (scoped, token)
