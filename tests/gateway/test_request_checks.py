@@ -185,3 +185,45 @@ async def test_a_replay_says_its_content_type_once(gateway_client: AppFactory) -
         assert again.headers["idempotent-replayed"] == "true"
         assert again.headers.get_list("content-type") == first.headers.get_list("content-type")
         assert again.headers.get_list("content-type") == ["application/json"]
+
+
+# --------------------------------------------------------------------------- who, then what
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [
+        (b'{"model": ""}', "application/json"),
+        (b"{not json", "application/json"),
+        (b'{"model": "chat"}', "text/plain"),
+    ],
+)
+async def test_a_caller_without_a_valid_key_is_401_whatever_its_body(
+    gateway_client: AppFactory, path: str, content: bytes, content_type: str
+) -> None:
+    """Authentication comes before the body: no key or a wrong key is 401, never 400 or 415."""
+    async with gateway_client(one_route()) as (client, _):
+        for authorization in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}):
+            response = await client.post(
+                path, content=content, headers={**authorization, "Content-Type": content_type}
+            )
+            assert response.status_code == 401, response.text
+            assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": "", "messages": []}),
+        ("/v1/embeddings", {"model": "chat"}),
+    ],
+)
+async def test_a_valid_key_with_a_bad_body_is_400(
+    gateway_client: AppFactory, path: str, body: dict[str, Any]
+) -> None:
+    """With a valid key, the body's own mistake is what the caller is told (400)."""
+    async with gateway_client(one_route()) as (client, _):
+        response = await client.post(path, json=body)
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "invalid_request"

@@ -27,7 +27,13 @@ from tidegate.gateway.http import (
     send_json,
 )
 from tidegate.gateway.openapi import OPENAPI
-from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
+from tidegate.gateway.pipeline import (
+    Exchange,
+    chat_completions,
+    embeddings,
+    identify,
+    new_request_id,
+)
 from tidegate.gateway.runtime import (
     Runtime,
     build_runtime,
@@ -348,6 +354,9 @@ class Gateway:
         rt.in_flight += 1
         try:
             try:
+                # Who is calling comes first: a caller without a valid key learns that (401),
+                # not what is wrong with its body, and its body is not read.
+                ex.identity = identify(rt, headers)
                 body = await read_json(receive, headers, rt.max_body_bytes)
             except ClientDisconnected:
                 ex.outcome, ex.status = "client_closed", 499

@@ -1,7 +1,8 @@
 """The request path of ``POST /v1/chat/completions``, in the order a request meets it.
 
-identify -> flags -> rate limit -> budget -> deadline -> idempotency -> cache and single-flight ->
-admission -> route -> call (retries, breaker, failover) -> answer -> settle (shielded).
+identify (by the app, before the body is read) -> validate -> flags -> rate limit -> budget ->
+deadline -> idempotency -> cache and single-flight -> admission -> route -> call (retries,
+breaker, failover) -> answer -> settle (shielded).
 
 Each step asks a policy object from :mod:`tidegate.policy`; this module only sequences them,
 turns their verdicts into HTTP, and makes sure the bookkeeping happens whatever goes wrong.
@@ -805,9 +806,9 @@ async def chat_completions(
     started = rt.clock.now() if rt.canaries else 0.0  # a canary's latency (none: not read)
     canary = None
     try:
+        identity = ex.identity  # the caller was identified before its body was read
+        assert identity is not None
         validate_chat(body)
-        identity = identify(rt, headers)
-        ex.identity = identity
         alias = body["model"]
         ex.route = alias
         if alias not in rt.routes:
@@ -1143,13 +1144,14 @@ async def embeddings(
 ) -> None:
     """``POST /v1/embeddings``: identity, flags, rate limits, deadline, routing with failover."""
     try:
+        identity = ex.identity  # the caller was identified before its body was read
+        assert identity is not None
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' must be a non-empty string")
         if "input" not in body:
             raise InvalidRequest("'input' is required")
-        identity = identify(rt, headers)
-        ex.identity, ex.route = identity, model
+        ex.route = model
         if model not in rt.routes:
             raise ModelNotFound(f"no model named {model!r}; GET /v1/models lists them")
         rt.keys.authorize(identity, model)
