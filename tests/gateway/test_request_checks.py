@@ -227,3 +227,36 @@ async def test_a_valid_key_with_a_bad_body_is_400(
         response = await client.post(path, json=body)
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "invalid_request"
+
+
+# --------------------------------------------------------------------------- /v1/models
+
+
+async def test_the_model_list_needs_a_key_and_shows_only_the_keys_aliases(
+    gateway_client: AppFactory, tmp_path: Path
+) -> None:
+    """GET /v1/models is 401 without a valid key, and lists the aliases that key may use."""
+    config = one_route(
+        models={"chat": {"providers": ["p"]}, "other": {"providers": ["p"]}},
+        auth=team_keys(tmp_path, teammate_models=("other",)),
+    )
+    async with gateway_client(config) as (client, _):
+        for authorization in ("", "Bearer wrong", "Basic abc"):
+            refused = await client.get("/v1/models", headers={"Authorization": authorization})
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+        everything = await client.get("/v1/models")
+        assert [m["id"] for m in everything.json()["data"]] == ["chat", "other"]
+        limited = await client.get(
+            "/v1/models", headers={"Authorization": f"Bearer {TEAMMATE_KEY}"}
+        )
+        assert limited.status_code == 200
+        assert [m["id"] for m in limited.json()["data"]] == ["other"]
+
+
+async def test_the_service_endpoints_stay_open_without_a_key(gateway_client: AppFactory) -> None:
+    """Health, readiness, metrics, version and the OpenAPI document answer without a key."""
+    async with gateway_client(one_route()) as (client, _):
+        for path in ("/healthz", "/readyz", "/metrics", "/version", "/openapi.json"):
+            response = await client.get(path, headers={"Authorization": ""})
+            assert response.status_code == 200, path

@@ -491,9 +491,16 @@ class Gateway:
         await send_json(send, 200, OPENAPI)
 
     async def models(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        """The aliases the caller's key may use: behind a key like the routes they name."""
+        try:
+            identity = identify(rt, request_headers(scope))
+        except TidegateError as error:
+            await send_error(send, error)
+            return
         data = [
             {"id": alias, "object": "model", "created": 0, "owned_by": "tidegate"}
             for alias in sorted(rt.routes)
+            if identity.may_use(alias)
         ]
         await send_json(send, 200, {"object": "list", "data": data})
 
