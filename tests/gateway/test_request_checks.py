@@ -260,3 +260,33 @@ async def test_the_service_endpoints_stay_open_without_a_key(gateway_client: App
         for path in ("/healthz", "/readyz", "/metrics", "/version", "/openapi.json"):
             response = await client.get(path, headers={"Authorization": ""})
             assert response.status_code == 200, path
+
+
+# --------------------------------------------------------------------------- Content-Type
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        (None, 415),
+        ("", 415),
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),  # what curl -d sends
+        ("application/json", 200),
+        ("application/json; charset=utf-8", 200),
+        ("Application/JSON", 200),
+        ("application/vnd.tidegate+json", 200),
+    ],
+)
+async def test_the_body_must_be_declared_json(
+    gateway_client: AppFactory, content_type: str | None, status: int
+) -> None:
+    """Only a JSON Content-Type is read; a body without one is 415, as documented."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    async with gateway_client(one_route()) as (client, _):
+        response = await client.post(
+            "/v1/chat/completions", content=orjson.dumps(CHAT), headers=headers
+        )
+        assert response.status_code == status, response.text
+        if status == 415:
+            assert response.json()["error"]["code"] == "unsupported_media_type"
