@@ -290,3 +290,104 @@ async def test_the_body_must_be_declared_json(
         assert response.status_code == status, response.text
         if status == 415:
             assert response.json()["error"]["code"] == "unsupported_media_type"
+
+
+# --------------------------------------------------------------------------- integer fields
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"max_tokens": True},
+        {"max_tokens": False},
+        {"max_tokens": 1.5},
+        {"max_tokens": "16"},
+        {"max_tokens": 0},
+        {"n": True},
+        {"n": False},
+        {"n": 0},
+        {"n": -1},
+        {"n": pipeline.MAX_CHOICES + 1},
+        {"n": 2.0},
+        {"n": "2"},
+        {"n": [2]},
+    ],
+    ids=repr,
+)
+async def test_integer_fields_refuse_booleans_and_everything_else(
+    gateway_client: AppFactory, field: dict[str, Any]
+) -> None:
+    """max_tokens and n must be JSON integers in range: true is not 1, and 2.0 is not 2."""
+    async with gateway_client(one_route()) as (client, app):
+        response = await client.post("/v1/chat/completions", json={**CHAT, **field})
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "invalid_request"
+        assert attempts(app) == 0
+
+
+@pytest.mark.parametrize(
+    "field", [{"n": None}, {"n": 1}, {"n": pipeline.MAX_CHOICES}, {"max_tokens": None}], ids=repr
+)
+async def test_integer_fields_in_range_or_null_are_served(
+    gateway_client: AppFactory, field: dict[str, Any]
+) -> None:
+    """A null (the default) or an integer in range is served."""
+    async with gateway_client(one_route()) as (client, _):
+        response = await client.post("/v1/chat/completions", json={**CHAT, **field})
+        assert response.status_code == 200, response.text
+
+
+# --------------------------------------------------------------------------- n completions
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"budgets": {"tokens": 1_000, "degrade_at": 1.0}},
+        {
+            "budgets": {"cost_usd": 0.01, "degrade_at": 1.0},
+            "prices": {"m-1": {"output_per_1k": 0.01}},
+        },
+    ],
+    ids=["tokens", "cost"],
+)
+async def test_n_completions_are_budgeted_as_n_times_max_tokens(
+    gateway_client: AppFactory, budget: dict[str, Any]
+) -> None:
+    """n=4 with max_tokens=300 reserves 1,200 completion tokens: over a quota that fits one."""
+    async with gateway_client(one_route(**budget)) as (client, app):
+        four = await client.post("/v1/chat/completions", json={**CHAT, "n": 4, "max_tokens": 300})
+        assert four.status_code == 429, four.text
+        assert four.json()["error"]["code"] == "budget_exceeded"
+        assert attempts(app) == 0
+        one = await client.post("/v1/chat/completions", json={**CHAT, "n": 1, "max_tokens": 300})
+        assert one.status_code == 200, one.text
+
+
+async def test_n_above_one_on_an_anthropic_route_is_refused_before_any_attempt(
+    gateway_client: AppFactory,
+) -> None:
+    """Anthropic answers with one choice: n=2 on its route is 400 at once, naming why."""
+    config = {
+        "providers": {
+            # Never called: the refusal comes first (nothing listens on the discard port).
+            "claude": {"type": "anthropic", "model": "c-1", "base_url": "http://127.0.0.1:9"},
+            "p": fake("answer", model="m-1"),
+        },
+        "models": {"sonnet": {"providers": ["claude", "p"]}, "chat": {"providers": ["p"]}},
+        "budgets": {"calls": 10},
+    }
+    async with gateway_client(config) as (client, app):
+        response = await client.post(
+            "/v1/chat/completions", json={**CHAT, "model": "sonnet", "n": 2}
+        )
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request"
+        assert "'n' is 2" in error["message"]
+        assert "Anthropic" in error["message"]
+        assert "x-tidegate-tried" not in response.headers  # no provider was tried
+        usage = await app.runtime.stores.quotas.usage("t1:u1")
+        assert (usage.calls, usage.reserved_calls) == (0, 0)
+        served = await client.post("/v1/chat/completions", json={**CHAT, "n": 2})
+        assert served.status_code == 200, served.text

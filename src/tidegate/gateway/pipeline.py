@@ -158,7 +158,15 @@ class Exchange:
 # --------------------------------------------------------------------------- request checks
 
 
-def validate_chat(body: Mapping[str, Any]) -> None:
+#: The most completions one request may ask for (``n``), as OpenAI allows.
+MAX_CHOICES = 128
+
+
+def validate_chat(body: Mapping[str, Any]) -> int:
+    """Refuse a body the gateway cannot route or budget; returns the completions asked for.
+
+    Integers are checked with ``type(...) is int``: ``true`` is an ``int`` to ``isinstance``.
+    """
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string")
@@ -171,11 +179,35 @@ def validate_chat(body: Mapping[str, Any]) -> None:
     if "stream" in body and not isinstance(body["stream"], bool):
         raise InvalidRequest("'stream' must be true or false")
     max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
         raise InvalidRequest("'max_tokens' must be a positive integer")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object")
+    if "n" not in body:  # nearly every request: one completion
+        return 1
+    n = body["n"]
+    if n is None:
+        return 1
+    if type(n) is not int or not 0 < n <= MAX_CHOICES:
+        raise InvalidRequest(f"'n' must be an integer from 1 to {MAX_CHOICES}")
+    return n
+
+
+def check_choices(rt: Runtime, route: Route, alias: str, choices: int) -> None:
+    """Refuse ``n`` above 1 on a route whose primary cannot answer with several choices.
+
+    An Anthropic provider returns one choice, and refuses ``n`` above 1 as a bad request, which
+    ends the route there (no fallback is tried): so the request is refused now, before it is
+    counted against a budget or waits for a slot. A route with such a provider as a fallback
+    only is served by the primary; failing over to that fallback ends in the same refusal.
+    """
+    primary = route.specs[0].name
+    if rt.provider_configs[primary].type == "anthropic":
+        raise InvalidRequest(
+            f"'n' is {choices}, but model {alias!r} is served by an Anthropic provider"
+            f" ({primary!r}), which answers with one choice"
+        )
 
 
 def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
@@ -264,16 +296,20 @@ def _rate_limited(options: BucketOptions, result: TakeResult, name: str) -> Rate
 
 
 async def reserve_budget(
-    rt: Runtime, identity: Identity, body: dict[str, Any], ex: Exchange
+    rt: Runtime, identity: Identity, body: dict[str, Any], ex: Exchange, choices: int = 1
 ) -> tuple[Reservation | None, str]:
-    """Hold the estimated cost; returns the reservation and the route alias (maybe degraded)."""
+    """Hold the estimated cost; returns the reservation and the route alias (maybe degraded).
+
+    ``choices`` completions (``n``) may each be ``max_tokens`` long: one call, their tokens.
+    """
     alias = body["model"]
     if rt.budget is None:
         return None, alias
     max_tokens = body.get("max_tokens") or rt.default_max_tokens
+    completion = max_tokens * choices
     prompt = estimate_prompt_tokens(body)
     model = rt.model_ids[rt.routes[alias].specs[0].name]
-    estimate = Cost(calls=1, tokens=prompt + max_tokens, cost=price(rt, model, prompt, max_tokens))
+    estimate = Cost(calls=1, tokens=prompt + completion, cost=price(rt, model, prompt, completion))
     subject = identity.budget_subject
     try:
         reservation, decision = await rt.stores.quotas.reserve(subject, rt.budget, estimate)
@@ -808,17 +844,19 @@ async def chat_completions(
     try:
         identity = ex.identity  # the caller was identified before its body was read
         assert identity is not None
-        validate_chat(body)
+        choices = validate_chat(body)
         alias = body["model"]
         ex.route = alias
         if alias not in rt.routes:
             raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
         rt.keys.authorize(identity, alias)
+        if choices > 1:
+            check_choices(rt, rt.routes[alias], alias, choices)
         mode = check_answering(rt.flags)
         deadline = deadline_for(rt, headers)
         with rt.stores.batch():  # one SQLite transaction for the entry decisions
             await apply_rate_limits(rt, identity)
-            settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
+            settle.reservation, alias = await reserve_budget(rt, identity, body, ex, choices)
         try:
             # Decided above, in effect once durable (SQLite commits a round's batches together).
             await rt.stores.committed()
