@@ -337,6 +337,33 @@ async def test_integer_fields_in_range_or_null_are_served(
         assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize("value", ["1_000", "+5", "1.5", " ", "\u00b2", "0", "000"])
+async def test_the_deadline_header_takes_decimal_digits_only(
+    gateway_client: AppFactory, value: str
+) -> None:
+    """X-Tidegate-Deadline-Ms is positive decimal digits; anything else is 400."""
+    async with gateway_client(one_route()) as (client, _):
+        response = await client.post(
+            "/v1/chat/completions",
+            json=CHAT,
+            headers={"X-Tidegate-Deadline-Ms": value.encode("latin-1")},
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_request"
+
+
+async def test_a_deadline_header_too_long_for_a_float_lengthens_nothing(
+    gateway_client: AppFactory,
+) -> None:
+    """A deadline of hundreds of digits is longer than any timeout: served, not a 500."""
+    async with gateway_client(one_route()) as (client, _):
+        for value in ("9" * 400, "0" * 20 + "5000"):
+            response = await client.post(
+                "/v1/chat/completions", json=CHAT, headers={"X-Tidegate-Deadline-Ms": value}
+            )
+            assert response.status_code == 200, response.text
+
+
 # --------------------------------------------------------------------------- n completions
 
 

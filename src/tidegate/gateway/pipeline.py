@@ -82,6 +82,8 @@ _ALLOW: Final = BudgetVerdict.ALLOW
 _BLOCK: Final = BudgetVerdict.BLOCK
 _DEGRADED_MODE: Final = KillSwitchMode.DEGRADED
 DEADLINE_HEADER = "x-tidegate-deadline-ms"
+#: Digits of a deadline header worth reading: 12 are over 30 years, and a float takes them all.
+_DEADLINE_DIGITS = 12
 PRIORITY_HEADER = "x-tidegate-priority"
 
 
@@ -217,13 +219,15 @@ def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return deadline
-    try:
-        millis = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{DEADLINE_HEADER} must be whole milliseconds, got {raw!r}") from None
-    if millis <= 0:
-        raise InvalidRequest(f"{DEADLINE_HEADER} must be positive, got {millis}")
-    return deadline.shorten(millis / 1000.0)
+    # Decimal digits only: int() would also take "1_000", "+5" and other scripts' digits.
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidRequest(f"{DEADLINE_HEADER} must be whole milliseconds, got {raw!r}")
+    digits = raw.lstrip("0")
+    if not digits:
+        raise InvalidRequest(f"{DEADLINE_HEADER} must be positive, got {raw!r}")
+    if len(digits) > _DEADLINE_DIGITS:  # longer than any configured timeout: shortens nothing
+        return deadline
+    return deadline.shorten(int(digits) / 1000.0)
 
 
 def identify(rt: Runtime, headers: Mapping[str, str]) -> Identity:
