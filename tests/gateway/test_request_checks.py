@@ -418,3 +418,27 @@ async def test_n_above_one_on_an_anthropic_route_is_refused_before_any_attempt(
         assert (usage.calls, usage.reserved_calls) == (0, 0)
         served = await client.post("/v1/chat/completions", json={**CHAT, "n": 2})
         assert served.status_code == 200, served.text
+
+
+# --------------------------------------------------------------------------- 405
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/embeddings", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("DELETE", "/healthz", "GET"),
+        ("PATCH", "/openapi.json", "GET"),
+    ],
+)
+async def test_a_wrong_method_is_405_with_allow(
+    gateway_client: AppFactory, method: str, path: str, allow: str
+) -> None:
+    """A known path asked with another method answers 405 and names its method in Allow."""
+    async with gateway_client(one_route()) as (client, _):
+        response = await client.request(method, path)
+        assert response.status_code == 405
+        assert response.headers["allow"] == allow
+        assert response.json()["error"]["code"] == "method_not_allowed"

@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import StoreError, TidegateError
+from tidegate.errors import MethodNotAllowed, StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.config import Config
 from tidegate.gateway.http import (
@@ -318,17 +318,9 @@ class Gateway:
         elif method == "GET" and path in GET_ROUTES:
             await GET_ROUTES[path](self, rt, scope, send)
         elif path in POST_ROUTES or path in GET_ROUTES:
-            await send_json(
-                send,
-                405,
-                {
-                    "error": {
-                        "type": "invalid_request_error",
-                        "code": "method_not_allowed",
-                        "message": f"{method} is not allowed on {path}",
-                        "retryable": False,
-                    }
-                },
+            allowed = "POST" if path in POST_ROUTES else "GET"
+            await send_error(
+                send, MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
             )
         else:
             await send_json(
