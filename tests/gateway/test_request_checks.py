@@ -23,6 +23,7 @@ from tidegate.providers.fake import FakeProvider
 pytestmark = pytest.mark.asyncio
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
+EMBED = {"model": "chat", "input": "hello"}
 JSON = {"Content-Type": "application/json"}
 #: A second user of KEY's tenant, in the keys file written by :func:`team_keys`.
 TEAMMATE_KEY = "tg-test-teammate-key"
@@ -99,8 +100,11 @@ async def test_a_body_at_the_depth_limit_or_with_many_shallow_containers_is_serv
 # --------------------------------------------------------------------------- tracebacks
 
 
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/chat/completions", CHAT), ("/v1/embeddings", EMBED)]
+)
 async def test_an_internal_error_logs_its_traceback_in_the_json_line(
-    gateway_client: AppFactory, monkeypatch: pytest.MonkeyPatch
+    gateway_client: AppFactory, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
 ) -> None:
     """A 500 writes one JSON log line carrying the exception's frames, without their locals."""
     out = io.TextIOWrapper(io.BytesIO())
@@ -114,7 +118,7 @@ async def test_an_internal_error_logs_its_traceback_in_the_json_line(
         async with gateway_client(one_route()) as (client, _):
             # A fresh logger: the module's own may have been bound by an earlier configuration.
             monkeypatch.setattr(pipeline, "log", structlog.get_logger("tidegate"))
-            response = await client.post("/v1/chat/completions", json=CHAT)
+            response = await client.post(path, json=body)
         flush_logs()
     finally:
         structlog.reset_defaults()

@@ -1230,6 +1230,8 @@ async def embeddings(
     except Exception as error:
         status, err_body, extra = http_error(error)
         ex.outcome, ex.status = str(err_body["error"]["code"]), status
+        if status == 500:  # as in chat_completions: a bug, logged with its traceback
+            log.exception("internal_error", request_id=ex.request_id)
         await send_bytes(
             send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
         )
