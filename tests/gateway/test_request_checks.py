@@ -307,12 +307,14 @@ async def test_the_body_must_be_declared_json(
         {"max_tokens": 1.5},
         {"max_tokens": "16"},
         {"max_tokens": 0},
+        {"max_tokens": pipeline.MAX_INTEGER + 1},
+        {"max_tokens": 1e300},
         {"n": True},
         {"n": False},
         {"n": 0},
         {"n": -1},
         {"n": pipeline.MAX_CHOICES + 1},
-        {"n": 2.0},
+        {"n": 2.5},
         {"n": "2"},
         {"n": [2]},
     ],
@@ -321,7 +323,7 @@ async def test_the_body_must_be_declared_json(
 async def test_integer_fields_refuse_booleans_and_everything_else(
     gateway_client: AppFactory, field: dict[str, Any]
 ) -> None:
-    """max_tokens and n must be JSON integers in range: true is not 1, and 2.0 is not 2."""
+    """max_tokens and n must be JSON integers in range: true is not 1, nor is 1.5 or "1"."""
     async with gateway_client(one_route()) as (client, app):
         response = await client.post("/v1/chat/completions", json={**CHAT, **field})
         assert response.status_code == 400
@@ -330,15 +332,81 @@ async def test_integer_fields_refuse_booleans_and_everything_else(
 
 
 @pytest.mark.parametrize(
-    "field", [{"n": None}, {"n": 1}, {"n": pipeline.MAX_CHOICES}, {"max_tokens": None}], ids=repr
+    ("field", "sent"),
+    [
+        ({"n": None}, {"n": None}),
+        ({"n": 1}, {"n": 1}),
+        ({"n": pipeline.MAX_CHOICES}, {"n": pipeline.MAX_CHOICES}),
+        ({"n": 2.0}, {"n": 2}),
+        ({"max_tokens": None}, {"max_tokens": None}),
+        ({"max_tokens": 16.0}, {"max_tokens": 16}),
+        ({"max_tokens": pipeline.MAX_INTEGER}, {"max_tokens": pipeline.MAX_INTEGER}),
+    ],
+    ids=repr,
 )
 async def test_integer_fields_in_range_or_null_are_served(
-    gateway_client: AppFactory, field: dict[str, Any]
+    gateway_client: AppFactory, field: dict[str, Any], sent: dict[str, Any]
 ) -> None:
-    """A null (the default) or an integer in range is served."""
-    async with gateway_client(one_route()) as (client, _):
+    """A null (the default) or an integer in range is served; 2.0 (JSON's 2) is sent on as 2."""
+    async with gateway_client(one_route()) as (client, app):
         response = await client.post("/v1/chat/completions", json={**CHAT, **field})
         assert response.status_code == 200, response.text
+        (attempt,) = app.runtime.providers["p"].attempts
+        (name, value), *_ = sent.items()
+        assert attempt.body[name] == value
+        assert type(attempt.body[name]) is type(value)
+
+
+async def test_a_max_tokens_past_the_stores_integers_is_400_not_500(
+    gateway_client: AppFactory, tmp_path: Path
+) -> None:
+    """The largest integer JSON gives Python, as max_tokens under a SQLite budget: 400, not 500."""
+    config = one_route(budgets={"calls": 10}, state={"url": f"sqlite:///{tmp_path / 'state.db'}"})
+    async with gateway_client(config) as (client, app):
+        response = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2**64 - 1})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_request"
+        usage = await app.runtime.stores.quotas.usage("t1:u1")
+        assert (usage.calls, usage.reserved_calls) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [None, 5, True, [], [None], ["a", 1], [1, -1], [1.5], [[]], [[1], "a"], {"text": "a"}],
+    ids=repr,
+)
+async def test_an_embeddings_input_of_another_shape_is_400(
+    gateway_client: AppFactory, given: Any
+) -> None:
+    """Embeddings take a string, or a non-empty array of strings, token ids or token id arrays."""
+    async with gateway_client(one_route()) as (client, app):
+        response = await client.post("/v1/embeddings", json={"model": "chat", "input": given})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_request"
+        assert attempts(app) == 0
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [
+        ("", ""),
+        ("hello", "hello"),
+        (["a", "b"], ["a", "b"]),
+        ([1, 2.0], [1, 2]),
+        ([[1], [2.0, 3]], [[1], [2, 3]]),
+    ],
+    ids=repr,
+)
+async def test_an_embeddings_input_of_openais_shapes_is_served(
+    gateway_client: AppFactory, given: Any, sent: Any
+) -> None:
+    """The four shapes of input reach the provider, token ids written 2.0 as 2."""
+    async with gateway_client(one_route()) as (client, app):
+        response = await client.post("/v1/embeddings", json={"model": "chat", "input": given})
+        assert response.status_code == 200, response.text
+        (attempt,) = app.runtime.providers["p"].attempts
+        assert attempt.body["input"] == sent
+        assert repr(attempt.body["input"]) == repr(sent)  # ints, not floats
 
 
 @pytest.mark.parametrize("value", ["1_000", "+5", "1.5", " ", "\u00b2", "0", "000"])

@@ -162,12 +162,17 @@ class Exchange:
 
 #: The most completions one request may ask for (``n``), as OpenAI allows.
 MAX_CHOICES = 128
+#: The largest ``max_tokens`` (and token id) a body may hold: far above any model's limit, and
+#: small enough that a day of them, times ``n``, fits the stores' 64-bit integers.
+MAX_INTEGER = 2**31 - 1
 
 
-def validate_chat(body: Mapping[str, Any]) -> int:
+def validate_chat(body: dict[str, Any]) -> int:
     """Refuse a body the gateway cannot route or budget; returns the completions asked for.
 
-    Integers are checked with ``type(...) is int``: ``true`` is an ``int`` to ``isinstance``.
+    An integer field takes what JSON Schema calls an integer: a number without a fraction, ``2``
+    or ``2.0`` (the latter rewritten as ``2`` for the provider). ``true`` is not one, though it
+    is an ``int`` to ``isinstance``; the common case is checked with ``type(...) is int``.
     """
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -181,8 +186,10 @@ def validate_chat(body: Mapping[str, Any]) -> int:
     if "stream" in body and not isinstance(body["stream"], bool):
         raise InvalidRequest("'stream' must be true or false")
     max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
-        raise InvalidRequest("'max_tokens' must be a positive integer")
+    if max_tokens is not None and (
+        type(max_tokens) is not int or not 0 < max_tokens <= MAX_INTEGER
+    ):
+        body["max_tokens"] = _integer("max_tokens", max_tokens, 1, MAX_INTEGER)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object")
@@ -192,8 +199,51 @@ def validate_chat(body: Mapping[str, Any]) -> int:
     if n is None:
         return 1
     if type(n) is not int or not 0 < n <= MAX_CHOICES:
-        raise InvalidRequest(f"'n' must be an integer from 1 to {MAX_CHOICES}")
+        n = body["n"] = _integer("n", n, 1, MAX_CHOICES)
     return n
+
+
+def _whole(value: Any) -> Any:
+    """``value`` as an ``int`` if it is a float without a fraction (``2.0``), else as it is."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+def _integer(name: str, value: Any, low: int, high: int) -> int:
+    """The integer field ``name`` as an ``int`` from ``low`` to ``high``, or ``InvalidRequest``."""
+    value = _whole(value)
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be an integer from {low} to {high}")
+    return value
+
+
+def _tokens(values: list[Any]) -> list[int] | None:
+    """``values`` as token ids (integers from 0 to MAX_INTEGER), or None if one is not."""
+    tokens = [_whole(value) for value in values]
+    if all(type(t) is int and 0 <= t <= MAX_INTEGER for t in tokens):
+        return tokens
+    return None
+
+
+def embeddings_input(value: Any) -> str | list[Any]:
+    """An embeddings ``input`` in one of OpenAI's four shapes (a string, or a non-empty array
+    of strings, of token ids, or of non-empty arrays of token ids), or ``InvalidRequest``.
+    Token ids written as ``2.0`` come back as ``2``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        if all(isinstance(item, str) for item in value):
+            return value
+        tokens = _tokens(value)
+        if tokens is not None:
+            return tokens
+        if all(isinstance(item, list) and item for item in value):
+            nested = [_tokens(item) for item in value]
+            if None not in nested:
+                return nested
+    raise InvalidRequest(
+        "'input' must be a string, or a non-empty array of strings, of token ids"
+        f" (integers from 0 to {MAX_INTEGER}), or of non-empty arrays of token ids"
+    )
 
 
 def check_choices(rt: Runtime, route: Route, alias: str, choices: int) -> None:
@@ -1191,8 +1241,7 @@ async def embeddings(
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' must be a non-empty string")
-        if "input" not in body:
-            raise InvalidRequest("'input' is required")
+        body["input"] = embeddings_input(body.get("input"))
         ex.route = model
         if model not in rt.routes:
             raise ModelNotFound(f"no model named {model!r}; GET /v1/models lists them")
