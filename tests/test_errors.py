@@ -30,6 +30,8 @@ def _instance(cls: type[TidegateError]) -> TidegateError:
         return cls("refused", policy="test", retry_after=2.5)
     if issubclass(cls, ProviderError):
         return cls(ProviderErrorKind.SERVER, "boom")
+    if issubclass(cls, errors.MethodNotAllowed):
+        return cls("bad", allow="GET")
     return cls("bad")
 
 

@@ -19,6 +19,7 @@
     │   ├── Forbidden               403  forbidden              the key may not use this model or action
     │   ├── ModelNotFound           404  model_not_found        no route for the requested model
     │   ├── NotFound                404  not_found              no such path, or no such admin object
+    │   ├── MethodNotAllowed        405  method_not_allowed     the path takes another method (see Allow)
     │   ├── RequestTimeout          408  request_timeout        the head or body did not arrive in time
     │   ├── IdempotencyConflict     409  idempotency_in_progress the same key is still running elsewhere
     │   ├── AlreadyDecided          409  already_decided        a pending action was approved or rejected before
@@ -63,6 +64,7 @@ __all__ = [
     "IdempotencyConflict",
     "IdempotencyMismatch",
     "InvalidRequest",
+    "MethodNotAllowed",
     "ModelNotFound",
     "NotFound",
     "PayloadTooLarge",
@@ -272,6 +274,16 @@ class NotFound(RequestError):
     code = "not_found"
 
 
+class MethodNotAllowed(RequestError):
+    """The path exists, with other methods; ``allow`` lists them for the ``Allow`` header."""
+
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
 class AlreadyDecided(RequestError):
     code = "already_decided"
 
@@ -380,6 +392,9 @@ ERROR_TABLE: Final[Mapping[str, ErrorSpec]] = {
     "forbidden": ErrorSpec(403, T.PERMISSION, False, "the key may not use this model or action"),
     "model_not_found": ErrorSpec(404, T.NOT_FOUND, False, "no route for the requested model"),
     "not_found": ErrorSpec(404, T.NOT_FOUND, False, "no such path, or no such admin object"),
+    "method_not_allowed": ErrorSpec(
+        405, T.INVALID_REQUEST, False, "the path takes another method (the Allow header names it)"
+    ),
     "already_decided": ErrorSpec(
         409, T.CONFLICT, False, "the pending action was approved or rejected before"
     ),
@@ -477,4 +492,6 @@ def http_error(error: BaseException) -> tuple[int, dict[str, dict[str, object]],
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     if isinstance(error, Rejected):
         headers.update(error.headers)
+    elif isinstance(error, MethodNotAllowed):
+        headers["Allow"] = error.allow
     return spec.status, error_body(error), headers

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import ConfigError, ShuttingDown, StoreError, TidegateError
+from tidegate.errors import ConfigError, MethodNotAllowed, ShuttingDown, StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.auth import KeyRing
 from tidegate.gateway.config import Config, resolve
@@ -31,7 +31,13 @@ from tidegate.gateway.http import (
     send_json,
 )
 from tidegate.gateway.openapi import OPENAPI
-from tidegate.gateway.pipeline import Exchange, chat_completions, embeddings, new_request_id
+from tidegate.gateway.pipeline import (
+    Exchange,
+    chat_completions,
+    embeddings,
+    identify,
+    new_request_id,
+)
 from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits
 from tidegate.gateway.runtime import (
     Runtime,
@@ -403,17 +409,9 @@ class Gateway:
         elif method == "GET" and path in GET_ROUTES:
             await GET_ROUTES[path](self, rt, scope, send)
         elif path in POST_ROUTES or path in GET_ROUTES:
-            await send_json(
-                send,
-                405,
-                {
-                    "error": {
-                        "type": "invalid_request_error",
-                        "code": "method_not_allowed",
-                        "message": f"{method} is not allowed on {path}",
-                        "retryable": False,
-                    }
-                },
+            allowed = "POST" if path in POST_ROUTES else "GET"
+            await send_error(
+                send, MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
             )
         else:
             await send_json(
@@ -439,6 +437,9 @@ class Gateway:
         rt.in_flight += 1
         try:
             try:
+                # Who is calling comes first: a caller without a valid key learns that (401),
+                # not what is wrong with its body, and its body is not read.
+                ex.identity = identify(rt, headers)
                 body = await read_json(receive, headers, rt.max_body_bytes)
             except ClientDisconnected:
                 ex.outcome, ex.status = "client_closed", 499
@@ -581,9 +582,16 @@ class Gateway:
         await send_json(send, 200, OPENAPI)
 
     async def models(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        """The aliases the caller's key may use: behind a key like the routes they name."""
+        try:
+            identity = identify(rt, request_headers(scope))
+        except TidegateError as error:
+            await send_error(send, error)
+            return
         data = [
             {"id": alias, "object": "model", "created": 0, "owned_by": "tidegate"}
             for alias in sorted(rt.routes)
+            if identity.may_use(alias)
         ]
         await send_json(send, 200, {"object": "list", "data": data})
 

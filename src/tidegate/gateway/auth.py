@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
+from urllib.parse import quote
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -51,11 +52,19 @@ class Identity:
     user_bucket: str = field(init=False, repr=False, compare=False)
     tenant_bucket: str = field(init=False, repr=False, compare=False)
     budget_subject: str = field(init=False, repr=False, compare=False)
+    #: What an Idempotency-Key is stored under, before the key itself: the tenant and the user,
+    #: so that no other caller can replay this one's answers or learn which keys it used. Not
+    #: the key id: a caller's retry still replays while its key is being rotated. Both names are
+    #: quoted, so no two (tenant, user) pairs share a prefix.
+    idempotency_scope: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_bucket", f"user:{self.tenant}:{self.user}")
         object.__setattr__(self, "tenant_bucket", f"tenant:{self.tenant}")
         object.__setattr__(self, "budget_subject", f"{self.tenant}:{self.user}")
+        object.__setattr__(
+            self, "idempotency_scope", f"{quote(self.tenant, safe='')}:{quote(self.user, safe='')}:"
+        )
 
     def may_use(self, model: str) -> bool:
         return "*" in self.models or model in self.models

@@ -15,6 +15,7 @@ from tidegate.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaTyp
 
 __all__ = [
     "DRAIN_ENDED",
+    "MAX_JSON_DEPTH",
     "ClientDisconnected",
     "Receive",
     "Scope",
@@ -34,6 +35,14 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+#: How deeply a request body may nest objects and arrays (the top-level object is level 1).
+#: orjson parses up to 1,024 levels but writes back only 254, and the gateway writes the body
+#: again (the cache key, the idempotency fingerprint, the upstream request): a deeper body would
+#: be a 500 after the fact. 64 leaves room for JSON Schemas in ``tools`` and ``response_format``
+#: and for what a provider's translation adds.
+MAX_JSON_DEPTH = 64
 
 
 class ClientDisconnected(Exception):
@@ -88,15 +97,14 @@ async def _body_from(receive: Receive, message: Message, limit: int) -> bytes:
 
 async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) -> dict[str, Any]:
     """The body as a JSON object, or the documented 4xx for anything else."""
-    declared = headers.get("content-type", "application/json")
+    # No Content-Type is refused too: the SDKs and httpx's json= send application/json, and a
+    # body sent without one (or as curl -d's form encoding) was not written as JSON on purpose.
+    declared = headers.get("content-type", "")
     if declared != "application/json":  # else the usual exact spelling: nothing to take apart
         content_type = declared.split(";")[0].strip().lower()
-        if (
-            content_type
-            and content_type != "application/json"
-            and not content_type.endswith("+json")
-        ):
-            raise UnsupportedMediaType(f"expected application/json, got {content_type!r}")
+        if content_type != "application/json" and not content_type.endswith("+json"):
+            got = repr(content_type) if content_type else "missing"
+            raise UnsupportedMediaType(f"Content-Type must be application/json; it was {got}")
     _check_length(headers, limit)
     message = await receive()
     body: bytes = message.get("body", b"")
@@ -108,7 +116,30 @@ async def read_json(receive: Receive, headers: Mapping[str, str], limit: int) ->
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
+    # Every level opens a bracket: a body with fewer brackets than the limit cannot be too deep,
+    # and counting them (in C) costs a request next to nothing; only the rare rest is walked.
+    if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and _too_deep(data, MAX_JSON_DEPTH):
+        raise InvalidRequest(
+            f"the body nests objects and arrays deeper than {MAX_JSON_DEPTH} levels"
+        )
     return data
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests containers more than ``limit`` levels deep, walked a level at a
+    time (no recursion: the depth is what is in question)."""
+    level: list[Any] = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            inner.extend(c for c in children if isinstance(c, (dict, list)))
+        level = inner
+    return False
 
 
 def json_bytes(value: Any) -> bytes:

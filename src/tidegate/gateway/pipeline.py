@@ -1,7 +1,8 @@
 """The request path of ``POST /v1/chat/completions``, in the order a request meets it.
 
-identify -> flags -> rate limit -> budget -> deadline -> idempotency -> cache and single-flight ->
-admission -> route -> call (retries, breaker, failover) -> answer -> settle (shielded).
+identify (by the app, before the body is read) -> validate -> flags -> rate limit -> budget ->
+deadline -> idempotency -> cache and single-flight -> admission -> route -> call (retries,
+breaker, failover) -> answer -> settle (shielded).
 
 Each step asks a policy object from :mod:`tidegate.policy`; this module only sequences them,
 turns their verdicts into HTTP, and makes sure the bookkeeping happens whatever goes wrong.
@@ -81,6 +82,8 @@ _ALLOW: Final = BudgetVerdict.ALLOW
 _BLOCK: Final = BudgetVerdict.BLOCK
 _DEGRADED_MODE: Final = KillSwitchMode.DEGRADED
 DEADLINE_HEADER = "x-tidegate-deadline-ms"
+#: Digits of a deadline header worth reading: 12 are over 30 years, and a float takes them all.
+_DEADLINE_DIGITS = 12
 PRIORITY_HEADER = "x-tidegate-priority"
 
 
@@ -157,7 +160,20 @@ class Exchange:
 # --------------------------------------------------------------------------- request checks
 
 
-def validate_chat(body: Mapping[str, Any]) -> None:
+#: The most completions one request may ask for (``n``), as OpenAI allows.
+MAX_CHOICES = 128
+#: The largest ``max_tokens`` (and token id) a body may hold: far above any model's limit, and
+#: small enough that a day of them, times ``n``, fits the stores' 64-bit integers.
+MAX_INTEGER = 2**31 - 1
+
+
+def validate_chat(body: dict[str, Any]) -> int:
+    """Refuse a body the gateway cannot route or budget; returns the completions asked for.
+
+    An integer field takes what JSON Schema calls an integer: a number without a fraction, ``2``
+    or ``2.0`` (the latter rewritten as ``2`` for the provider). ``true`` is not one, though it
+    is an ``int`` to ``isinstance``; the common case is checked with ``type(...) is int``.
+    """
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string")
@@ -170,11 +186,80 @@ def validate_chat(body: Mapping[str, Any]) -> None:
     if "stream" in body and not isinstance(body["stream"], bool):
         raise InvalidRequest("'stream' must be true or false")
     max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-        raise InvalidRequest("'max_tokens' must be a positive integer")
+    if max_tokens is not None and (
+        type(max_tokens) is not int or not 0 < max_tokens <= MAX_INTEGER
+    ):
+        body["max_tokens"] = _integer("max_tokens", max_tokens, 1, MAX_INTEGER)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object")
+    if "n" not in body:  # nearly every request: one completion
+        return 1
+    n = body["n"]
+    if n is None:
+        return 1
+    if type(n) is not int or not 0 < n <= MAX_CHOICES:
+        n = body["n"] = _integer("n", n, 1, MAX_CHOICES)
+    return n
+
+
+def _whole(value: Any) -> Any:
+    """``value`` as an ``int`` if it is a float without a fraction (``2.0``), else as it is."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+def _integer(name: str, value: Any, low: int, high: int) -> int:
+    """The integer field ``name`` as an ``int`` from ``low`` to ``high``, or ``InvalidRequest``."""
+    value = _whole(value)
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be an integer from {low} to {high}")
+    return value
+
+
+def _tokens(values: list[Any]) -> list[int] | None:
+    """``values`` as token ids (integers from 0 to MAX_INTEGER), or None if one is not."""
+    tokens = [_whole(value) for value in values]
+    if all(type(t) is int and 0 <= t <= MAX_INTEGER for t in tokens):
+        return tokens
+    return None
+
+
+def embeddings_input(value: Any) -> str | list[Any]:
+    """An embeddings ``input`` in one of OpenAI's four shapes (a string, or a non-empty array
+    of strings, of token ids, or of non-empty arrays of token ids), or ``InvalidRequest``.
+    Token ids written as ``2.0`` come back as ``2``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        if all(isinstance(item, str) for item in value):
+            return value
+        tokens = _tokens(value)
+        if tokens is not None:
+            return tokens
+        if all(isinstance(item, list) and item for item in value):
+            nested = [_tokens(item) for item in value]
+            if None not in nested:
+                return nested
+    raise InvalidRequest(
+        "'input' must be a string, or a non-empty array of strings, of token ids"
+        f" (integers from 0 to {MAX_INTEGER}), or of non-empty arrays of token ids"
+    )
+
+
+def check_choices(rt: Runtime, route: Route, alias: str, choices: int) -> None:
+    """Refuse ``n`` above 1 on a route whose primary cannot answer with several choices.
+
+    An Anthropic provider returns one choice, and refuses ``n`` above 1 as a bad request, which
+    ends the route there (no fallback is tried): so the request is refused now, before it is
+    counted against a budget or waits for a slot. A route with such a provider as a fallback
+    only is served by the primary; failing over to that fallback ends in the same refusal.
+    """
+    primary = route.specs[0].name
+    if rt.provider_configs[primary].type == "anthropic":
+        raise InvalidRequest(
+            f"'n' is {choices}, but model {alias!r} is served by an Anthropic provider"
+            f" ({primary!r}), which answers with one choice"
+        )
 
 
 def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
@@ -184,13 +269,15 @@ def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return deadline
-    try:
-        millis = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{DEADLINE_HEADER} must be whole milliseconds, got {raw!r}") from None
-    if millis <= 0:
-        raise InvalidRequest(f"{DEADLINE_HEADER} must be positive, got {millis}")
-    return deadline.shorten(millis / 1000.0)
+    # Decimal digits only: int() would also take "1_000", "+5" and other scripts' digits.
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidRequest(f"{DEADLINE_HEADER} must be whole milliseconds, got {raw!r}")
+    digits = raw.lstrip("0")
+    if not digits:
+        raise InvalidRequest(f"{DEADLINE_HEADER} must be positive, got {raw!r}")
+    if len(digits) > _DEADLINE_DIGITS:  # longer than any configured timeout: shortens nothing
+        return deadline
+    return deadline.shorten(int(digits) / 1000.0)
 
 
 def identify(rt: Runtime, headers: Mapping[str, str]) -> Identity:
@@ -263,16 +350,20 @@ def _rate_limited(options: BucketOptions, result: TakeResult, name: str) -> Rate
 
 
 async def reserve_budget(
-    rt: Runtime, identity: Identity, body: dict[str, Any], ex: Exchange
+    rt: Runtime, identity: Identity, body: dict[str, Any], ex: Exchange, choices: int = 1
 ) -> tuple[Reservation | None, str]:
-    """Hold the estimated cost; returns the reservation and the route alias (maybe degraded)."""
+    """Hold the estimated cost; returns the reservation and the route alias (maybe degraded).
+
+    ``choices`` completions (``n``) may each be ``max_tokens`` long: one call, their tokens.
+    """
     alias = body["model"]
     if rt.budget is None:
         return None, alias
     max_tokens = body.get("max_tokens") or rt.default_max_tokens
+    completion = max_tokens * choices
     prompt = estimate_prompt_tokens(body)
     model = rt.model_ids[rt.routes[alias].specs[0].name]
-    estimate = Cost(calls=1, tokens=prompt + max_tokens, cost=price(rt, model, prompt, max_tokens))
+    estimate = Cost(calls=1, tokens=prompt + completion, cost=price(rt, model, prompt, completion))
     subject = identity.budget_subject
     try:
         reservation, decision = await rt.stores.quotas.reserve(subject, rt.budget, estimate)
@@ -752,11 +843,12 @@ def settle_shielded(settle: Settlement, ex: Exchange) -> Awaitable[None]:
 
 
 async def _claim_idempotency(
-    rt: Runtime, ex: Exchange, key: str, fingerprint: str, deadline: Deadline
+    rt: Runtime, scoped: str, fingerprint: str, deadline: Deadline
 ) -> tuple[str, StoredResponse | None]:
-    """The claim token, or a stored response to replay; waits (bounded) for a running twin."""
-    assert ex.identity is not None
-    scoped = f"{ex.identity.tenant}:{key}"
+    """The claim token, or a stored response to replay; waits (bounded) for a running twin.
+
+    ``scoped`` is the caller's key in the caller's scope (:attr:`Identity.idempotency_scope`).
+    """
     waited = 0.0
     while True:
         try:
@@ -804,19 +896,21 @@ async def chat_completions(
     started = rt.clock.now() if rt.canaries else 0.0  # a canary's latency (none: not read)
     canary = None
     try:
-        validate_chat(body)
-        identity = identify(rt, headers)
-        ex.identity = identity
+        identity = ex.identity  # the caller was identified before its body was read
+        assert identity is not None
+        choices = validate_chat(body)
         alias = body["model"]
         ex.route = alias
         if alias not in rt.routes:
             raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
         rt.keys.authorize(identity, alias)
+        if choices > 1:
+            check_choices(rt, rt.routes[alias], alias, choices)
         mode = check_answering(rt.flags)
         deadline = deadline_for(rt, headers)
         with rt.stores.batch():  # one SQLite transaction for the entry decisions
             await apply_rate_limits(rt, identity)
-            settle.reservation, alias = await reserve_budget(rt, identity, body, ex)
+            settle.reservation, alias = await reserve_budget(rt, identity, body, ex, choices)
         try:
             # Decided above, in effect once durable (SQLite commits a round's batches together).
             await rt.stores.committed()
@@ -840,23 +934,23 @@ async def chat_completions(
             if not idem_key or len(idem_key) > 255:
                 raise InvalidRequest("Idempotency-Key must be 1 to 255 characters")
             fingerprint = hashlib.sha256(canonical(body)).hexdigest()
-            token, replay = await _claim_idempotency(rt, ex, idem_key, fingerprint, deadline)
+            scoped = identity.idempotency_scope + idem_key
+            token, replay = await _claim_idempotency(rt, scoped, fingerprint, deadline)
             if replay is not None:
                 ex.cache = "idempotent-replay"
                 ex.status = replay.status
+                stored = dict(replay.headers)
+                # send_bytes writes the Content-Type: kept in the stored headers it came twice.
+                content_type = stored.pop("content-type", "application/json")
                 await send_bytes(
                     send,
                     replay.status,
                     replay.body,
-                    [
-                        *ex.answer_headers(),
-                        ("idempotent-replayed", "true"),
-                        *replay.headers.items(),
-                    ],
-                    content_type=replay.headers.get("content-type", "application/json"),
+                    [*ex.answer_headers(), ("idempotent-replayed", "true"), *stored.items()],
+                    content_type=content_type,
                 )
                 return
-            settle.idempotency = (f"{identity.tenant}:{idem_key}", token)
+            settle.idempotency = (scoped, token)
 
         use_cache = rt.cache_enabled and not stream
         key = cache_key(identity, f"{alias}@{ex.version}", body) if use_cache else ""
@@ -1142,13 +1236,13 @@ async def embeddings(
 ) -> None:
     """``POST /v1/embeddings``: identity, flags, rate limits, deadline, routing with failover."""
     try:
+        identity = ex.identity  # the caller was identified before its body was read
+        assert identity is not None
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' must be a non-empty string")
-        if "input" not in body:
-            raise InvalidRequest("'input' is required")
-        identity = identify(rt, headers)
-        ex.identity, ex.route = identity, model
+        body["input"] = embeddings_input(body.get("input"))
+        ex.route = model
         if model not in rt.routes:
             raise ModelNotFound(f"no model named {model!r}; GET /v1/models lists them")
         rt.keys.authorize(identity, model)
@@ -1185,6 +1279,8 @@ async def embeddings(
     except Exception as error:
         status, err_body, extra = http_error(error)
         ex.outcome, ex.status = str(err_body["error"]["code"]), status
+        if status == 500:  # as in chat_completions: a bug, logged with its traceback
+            log.exception("internal_error", request_id=ex.request_id)
         await send_bytes(
             send, status, orjson.dumps(err_body), [*ex.answer_headers(), *extra.items()]
         )

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import structlog
 import uvicorn
+from structlog.tracebacks import ExceptionDictTransformer
 
 from tidegate.gateway.app import Gateway, log_request
 from tidegate.gateway.config import Config, load_config
@@ -69,6 +70,12 @@ def configure_logging(config: Config) -> Callable[[dict[str, Any]], None]:
     factory: structlog.typing.WrappedLogger
     direct: Callable[[dict[str, Any]], None] | None = None
     if config.logging.json_lines:
+        # log.exception()'s traceback, as a list of frames in the line: without this the JSON
+        # line says only exc_info=true. Frames without their locals: those hold API keys
+        # (the request's headers) and prompts. The console renderer formats tracebacks itself.
+        processors.append(
+            structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+        )
         # orjson renders bytes straight to the stream: the log line is on every request's path.
         processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
         # The lines of one event-loop round leave in one write (flushed at exit too).
