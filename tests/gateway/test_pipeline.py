@@ -11,7 +11,8 @@ import pytest
 
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import LOW_KEY, fake
-from tidegate.gateway import http, pipeline
+from tidegate.gateway import http
+from tidegate.gateway.pipeline import answer
 from tidegate.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.asyncio
@@ -58,7 +59,7 @@ async def test_an_idempotent_answer_is_stored_before_it_is_sent(
         order.append(f"send {status}")
         await original_send(send, status, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "send_raw", spy_send)
+    monkeypatch.setattr(answer, "send_raw", spy_send)
     async with gateway_client(one_route()) as (client, app):
         store = app.runtime.stores.idempotency
         original_complete = store.complete

@@ -17,6 +17,8 @@ import yaml
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import KEY, fake
 from tidegate.gateway import http, pipeline
+from tidegate.gateway.pipeline import answer
+from tidegate.gateway.runtime import Route
 from tidegate.gateway.server import flush_logs
 from tidegate.providers.fake import FakeProvider
 
@@ -113,11 +115,11 @@ async def test_an_internal_error_logs_its_traceback_in_the_json_line(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug on the request path")
 
-    monkeypatch.setattr(pipeline, "plan_for", broken)
+    monkeypatch.setattr(Route, "plan", broken)
     try:
         async with gateway_client(one_route()) as (client, _):
             # A fresh logger: the module's own may have been bound by an earlier configuration.
-            monkeypatch.setattr(pipeline, "log", structlog.get_logger("tidegate"))
+            monkeypatch.setattr(answer, "log", structlog.get_logger("tidegate"))
             response = await client.post(path, json=body)
         flush_logs()
     finally:

@@ -114,16 +114,22 @@ def test_a_database_error_rolls_the_whole_batch_back(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_joining_a_batch_from_another_task_is_refused(tmp_path: Path) -> None:
-    """A batch must not yield: another task calling into it is a bug, reported loudly."""
+    """A batch must not yield: another task running a statement in a batch that has run one
+    is a bug, reported loudly."""
     import asyncio
 
     db = SQLiteDatabase(tmp_path / "s.db")
 
-    async def intruder() -> None:
+    def select_one() -> None:
         db.run(lambda conn: conn.execute("SELECT 1").fetchone())
 
-    with db.batch(), pytest.raises(RuntimeError, match="another task"):
-        await asyncio.get_running_loop().create_task(intruder())
+    async def intruder() -> None:
+        select_one()
+
+    with db.batch():
+        select_one()
+        with pytest.raises(RuntimeError, match="another task"):
+            await asyncio.get_running_loop().create_task(intruder())
     db.close()
 
 
@@ -466,8 +472,10 @@ def test_batches_find_their_task_under_each_loop_and_without_one(tmp_path: Path)
         async def intruder() -> None:
             select_one()
 
-        with db.batch(), pytest.raises(RuntimeError, match="another task"):
-            await asyncio.get_running_loop().create_task(intruder())
+        with db.batch():
+            select_one()
+            with pytest.raises(RuntimeError, match="another task"):
+                await asyncio.get_running_loop().create_task(intruder())
 
     assert asyncio.run(inside_a_batch()) == 1
     assert asyncio.run(inside_a_batch()) == 1  # another loop on this thread

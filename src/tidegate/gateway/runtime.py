@@ -31,6 +31,7 @@ from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.gateway.tracing import Tracing
 from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
+from tidegate.policy.attempts import AttemptEvent, AttemptPolicy, RetryPlanned, RetryRefused
 from tidegate.policy.breaker import (
     BreakerEvent,
     BreakerOptions,
@@ -45,7 +46,7 @@ from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import Jitter, RetryBudget, RetryOptions
-from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan, retry_same
+from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan, plan_route, retry_same
 from tidegate.providers.base import Provider
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores, store_from_urls
@@ -61,11 +62,44 @@ log = structlog.get_logger("tidegate")
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
+#: Route plans a route remembers (combinations of data class, approved fallbacks and open
+#: breakers) before it forgets them all.
+PLANS_REMEMBERED = 1024
+
+
 @dataclass(frozen=True)
 class Route:
+    """A model alias and the providers it routes to, in order."""
+
     alias: str
     specs: tuple[ProviderSpec, ...]
     per_try_timeout_s: float
+
+    #: Plans by (data class, approved fallbacks, open breakers): see :meth:`plan`.
+    _plans: dict[tuple[str, frozenset[str], frozenset[str]], RoutePlan] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def limit(self, spec: ProviderSpec) -> float:
+        """The time one attempt on the route may take (the same for each of its providers)."""
+        return self.per_try_timeout_s
+
+    def plan(
+        self, data_class: str, approved: frozenset[str], open_breakers: frozenset[str]
+    ) -> RoutePlan:
+        """The route's plan for these inputs (:func:`~tidegate.policy.routing.plan_route`),
+        worked out once per combination and then remembered: ``plan_route`` checks its inputs
+        and builds the plan, about 80 bytecodes a request (``benchmarks/opcodes.py``), for the
+        few combinations a route meets."""
+        key = (data_class, approved, open_breakers)
+        known = self._plans.get(key)
+        if known is None:
+            if len(self._plans) >= PLANS_REMEMBERED:
+                self._plans.clear()
+            known = self._plans[key] = plan_route(
+                self.specs, data_class=data_class, approved=approved, open_breakers=open_breakers
+            )
+        return known
 
 
 class AdmissionGate:
@@ -76,15 +110,14 @@ class AdmissionGate:
         self._metrics = metrics
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
 
-    async def enter(
-        self, *, request_id: str, klass: str, tenant: str, deadline: Deadline
-    ) -> Ticket:
-        """A started ticket, or a typed refusal at once, or ``DeadlineExceeded`` while waiting."""
-        ticket = self.controller.offer(
+    def offer(self, *, request_id: str, klass: str, tenant: str, deadline: Deadline) -> Ticket:
+        """A ticket, started or waiting (then :meth:`wait` for it), or a typed refusal at once."""
+        return self.controller.offer(
             request_id=request_id, klass=klass, tenant=tenant, deadline_at=deadline.at
         )
-        if ticket.state is TicketState.STARTED:
-            return ticket
+
+    async def wait(self, ticket: Ticket, deadline: Deadline) -> None:
+        """Until the waiting ``ticket`` starts; ``DeadlineExceeded`` if the deadline comes first."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = waiter
         self._pump()
@@ -99,7 +132,6 @@ class AdmissionGate:
         except BaseException:
             self._abandon(ticket)
             raise
-        return ticket
 
     def exit(self, ticket: Ticket, *, completed: bool) -> None:
         """Free the ticket's slot (recording its service time when it completed) and start more."""
@@ -207,8 +239,6 @@ class Runtime:
     in_flight: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
-    #: Route plans by what decides them (see ``pipeline.plan_for``).
-    plans: dict[tuple[Any, ...], tuple[Route, RoutePlan]] = field(default_factory=dict, repr=False)
     #: Config values the request path reads, resolved once at start-up (reading a pydantic
     #: model's attribute costs several times a plain object's): the body limit, the request
     #: timeout, whether the response cache is on, each provider's model id, each model's
@@ -223,8 +253,9 @@ class Runtime:
     no_keys_file: bool = field(init=False, repr=False)
     #: The routing rule the retry planner asks: ``retry_same`` with :attr:`failover`.
     retry_on: Callable[[ProviderError], bool] = field(init=False, repr=False)
-    #: Per-provider handlers of the retry planner's events (see ``pipeline._failover``).
-    retry_events: dict[str, Callable[[Any], None]] = field(default_factory=dict, repr=False)
+    #: How a model call combines retries, breakers, the retry budget and failover: every call
+    #: (JSON, stream, rescue, embeddings) starts its attempts here.
+    attempts: AttemptPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         config = self.config
@@ -239,6 +270,14 @@ class Runtime:
         }
         budgets = config.budgets
         self.default_max_tokens = budgets.default_max_tokens if budgets is not None else 0
+        self.attempts = AttemptPolicy(
+            self.retry_policy,
+            breakers=self.breakers,
+            rng=self.rng,
+            budget=self.retry_budget,
+            retry_on=self.retry_on,
+            on_event=_count_attempt_events(self.metrics),
+        )
 
     def approved_fallbacks(self) -> frozenset[str]:
         """Providers approved as automatic fallbacks, less those the eval gate blocks.
@@ -584,6 +623,20 @@ async def refresh_flags(runtime: Runtime) -> None:
         log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
         return
     runtime.flags.restore({"version": 1, "values": values, "history": []})
+
+
+def _count_attempt_events(metrics: Metrics) -> Callable[[AttemptEvent], None]:
+    """Count the attempts policy's retries, refused retries and failovers."""
+
+    def on_event(event: AttemptEvent) -> None:
+        if isinstance(event, RetryPlanned):
+            metrics.retries.labels(event.provider).inc()
+        elif isinstance(event, RetryRefused):
+            metrics.retry_budget_denials.inc()
+        else:
+            metrics.failovers.labels(event.from_provider, event.kind.value).inc()
+
+    return on_event
 
 
 def _count_transitions(metrics: Metrics) -> Callable[[BreakerEvent], None]:

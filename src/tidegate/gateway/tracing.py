@@ -9,12 +9,14 @@ who served, what was tried, and one child span per provider attempt with its out
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 from tidegate.errors import ConfigError
 from tidegate.gateway.config import TracingConfig
+
+T = TypeVar("T")
 
 __all__ = ["Tracing"]
 
@@ -78,6 +80,11 @@ class Tracing:
         clean = {k: v for k, v in attributes.items() if v is not None}
         with self._tracer.start_as_current_span(name, attributes=clean) as span:
             yield span
+
+    async def traced(self, call: Awaitable[T], name: str, attributes: dict[str, Any]) -> T:
+        """Await ``call`` inside a span (tracing on: the span is its timing)."""
+        with self.span(name, **attributes):
+            return await call
 
     def shutdown(self) -> None:
         if self._provider is not None:

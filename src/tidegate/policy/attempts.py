@@ -40,9 +40,9 @@ cannot start because the deadline left no time stops the call with
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 from tidegate.errors import CircuitOpen, DeadlineExceeded, ProviderError, ProviderErrorKind
 from tidegate.policy.breaker import CircuitBreaker, Permit
@@ -92,9 +92,11 @@ def is_evidence(error: ProviderError, *, cut_short: bool) -> bool:
     return not (cut_short and error.kind is _K.TIMEOUT)
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Call ``spec`` now, and give it ``timeout`` seconds; ``permit`` is its breaker's."""
+class Call(NamedTuple):
+    """Call ``spec`` now, and give it ``timeout`` seconds; ``permit`` is its breaker's.
+
+    The steps are named tuples: one or two are made for every model call, and a frozen
+    dataclass builds its fields one ``object.__setattr__`` at a time."""
 
     spec: ProviderSpec
     timeout: float
@@ -103,16 +105,14 @@ class Call:
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
-class Wait:
+class Wait(NamedTuple):
     """Wait ``delay`` seconds, then :meth:`Attempts.resume` (a retry of ``provider``)."""
 
     delay: float
     provider: str
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
+class Stop(NamedTuple):
     """Make no further attempt: the call ends with ``error``.
 
     ``reason`` says why the last provider was given up: a
@@ -202,12 +202,12 @@ class Attempts:
     """The attempts of one model call: see the module docstring for the protocol."""
 
     __slots__ = (
+        "_call",
         "_cut_short",
         "_deadline",
         "_limit",
         "_number",
         "_only",
-        "_permit",
         "_plan",
         "_policy",
         "_previous_delay",
@@ -233,9 +233,11 @@ class Attempts:
         self._limit = limit
         self.tried = tried
         self._only = only is not None
-        self._queue: list[ProviderSpec] = [only] if only is not None else list(plan.candidates)
+        #: The candidates still to try.
+        self._queue: Iterator[ProviderSpec] = iter((only,) if only is not None else plan.candidates)
+        #: The provider of the current (or last) call, and that call while it is under way.
         self._spec: ProviderSpec | None = None
-        self._permit: Permit | None = None
+        self._call: Call | None = None
         self._number = 0
         self._previous_delay: float | None = None
         self._cut_short = False
@@ -269,7 +271,7 @@ class Attempts:
             self.tried.append((spec.name, SkipReason.BREAKER_OPEN))
             return self._next_provider()
         self._number += 1
-        return self._call(spec, step.timeout, permit, own)
+        return self._start(spec, step.timeout, permit, own)
 
     def retry_refused(self) -> Call | Stop:
         """After a :class:`Wait`, another retry budget (the fleet's) refused the retry: the
@@ -283,14 +285,15 @@ class Attempts:
 
     def succeeded(self) -> None:
         """The call answered (a stream: it ended complete): a success for the breaker."""
-        permit, spec = self._take_permit()
-        permit.success()
-        self.tried.append((spec.name, None))
+        call = self._ended()
+        call.permit.success()
+        self.tried.append((call.spec.name, None))
 
     def failed(self, error: ProviderError) -> Step:
         """The call failed with ``error`` before anything was committed: the next step."""
-        permit, spec = self._take_permit()
-        self._settle(permit, error, cut_short=self._cut_short)
+        call = self._ended()
+        spec = call.spec
+        self._settle(call.permit, error, cut_short=self._cut_short)
         self.tried.append((spec.name, error.kind))
         self.last = error
         plan = self._policy.planner.after_failure(
@@ -315,28 +318,27 @@ class Attempts:
         """A committed call (a stream past its first chunk) failed with ``error``: its permit
         ends by the same rule, and no other attempt follows (a rescue starts its own).
         ``cut_short``: the caller's deadline was its tighter limit."""
-        permit, spec = self._take_permit()
-        self._settle(permit, error, cut_short=cut_short)
-        self.tried.append((spec.name, error.kind))
+        call = self._ended()
+        self._settle(call.permit, error, cut_short=cut_short)
+        self.tried.append((call.spec.name, error.kind))
         self.last = error
 
     def abandoned(self, *, answered: bool = False) -> None:
         """The call ended for a reason that says nothing about the provider (the caller went
         away; ``answered``: it answered, but not what was wanted): the permit is released."""
-        if self._permit is None:
+        if self._call is None:
             return
-        permit, spec = self._take_permit()
-        permit.release()
+        call = self._ended()
+        call.permit.release()
         if answered:
-            self.tried.append((spec.name, None))
+            self.tried.append((call.spec.name, None))
 
     # ------------------------------------------------------------------ the rest is bookkeeping
 
     def _next_provider(self) -> Call | Stop:
         """A first attempt on the next candidate the deadline and its breaker allow."""
         planner = self._policy.planner
-        while self._queue:
-            spec = self._queue.pop(0)
+        for spec in self._queue:
             own = self._limit(spec)
             step = planner.start(self._deadline, own)
             if isinstance(step, GiveUp):
@@ -356,7 +358,7 @@ class Attempts:
             if self._policy.budget is not None:
                 self._policy.budget.record_first_try()
             self._spec, self._number, self._previous_delay = spec, 1, None
-            return self._call(spec, step.timeout, permit, own)
+            return self._start(spec, step.timeout, permit, own)
         if self.last is not None:
             return Stop(self.last, self._why)
         return Stop(
@@ -370,17 +372,17 @@ class Attempts:
         breaker = self._policy.breakers[spec.name]
         return breaker.acquire(deadline_at=self._deadline.clock.now() + timeout)
 
-    def _call(self, spec: ProviderSpec, timeout: float, permit: Permit, own: float) -> Call:
-        self._permit = permit
+    def _start(self, spec: ProviderSpec, timeout: float, permit: Permit, own: float) -> Call:
+        call = self._call = Call(spec, timeout, permit, self._number)
         self._cut_short = timeout < own
-        return Call(spec, timeout, permit, self._number)
+        return call
 
-    def _take_permit(self) -> tuple[Permit, ProviderSpec]:
-        permit, spec = self._permit, self._spec
-        assert permit is not None, "no call is under way"
-        assert spec is not None
-        self._permit = None
-        return permit, spec
+    def _ended(self) -> Call:
+        """The call under way, which has now ended: its permit is to be settled, once."""
+        call = self._call
+        assert call is not None, "no call is under way"
+        self._call = None
+        return call
 
     @staticmethod
     def _settle(permit: Permit, error: ProviderError, *, cut_short: bool) -> None:
@@ -390,7 +392,8 @@ class Attempts:
             permit.release()
 
     def _fail_over(self, spec: ProviderSpec, error: ProviderError) -> Call | Stop:
-        self._queue = [] if self._only else list(next_candidates(self._plan, spec, error))
-        if self._queue:
-            self._policy.on_event(FailedOver(spec.name, self._queue[0].name, error.kind))
+        rest = () if self._only else next_candidates(self._plan, spec, error)
+        self._queue = iter(rest)
+        if rest:
+            self._policy.on_event(FailedOver(spec.name, rest[0].name, error.kind))
         return self._next_provider()

@@ -179,7 +179,9 @@ class _Batch:
     # No __slots__: ``_begun`` starts as the class's False, so a batch that runs no statement
     # never sets it.
     _begun = False
-    #: The task that opened the batch; only it may run statements in it.
+    #: The task of the batch's first statement; only it may run more statements in it. It is
+    #: looked up then, not when the batch opens: a batch answered from leases runs none, and
+    #: the lookup was a third of what such a batch cost (``benchmarks/opcodes.py``).
     owner: asyncio.Task[Any] | None
 
     def __init__(self, db: SQLiteDatabase) -> None:
@@ -189,12 +191,12 @@ class _Batch:
         db = self._db
         if db._open_batch is not None:
             return  # already in a batch: join it
-        self.owner = db._current_task()
         db._open_batch = self
 
-    def begin(self) -> None:
-        """Begin (or join) the transaction, before the batch's first statement."""
+    def begin(self, owner: asyncio.Task[Any] | None) -> None:
+        """Begin (or join) the transaction, before the batch's first statement (``owner``'s)."""
         self._joined = self._db._begin_batch()
+        self.owner = owner
         self._begun = True
 
     def __exit__(
@@ -335,12 +337,13 @@ class SQLiteDatabase:
         try:
             batch = self._open_batch
             if batch is not None:
-                if self._current_task() is not batch.owner:
+                task = self._current_task()
+                if not batch._begun:
+                    batch.begin(task)
+                elif task is not batch.owner:
                     raise RuntimeError(
                         "a SQLite batch was joined from another task: a batch must not yield"
                     )
-                if not batch._begun:
-                    batch.begin()
                 return work(self._conn)
             with self.transaction() as conn:
                 return work(conn)

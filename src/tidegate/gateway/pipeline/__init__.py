@@ -1,0 +1,99 @@
+"""The request path: each endpoint is an ordered tuple of named steps over one request context.
+
+The order is data, stated once: :data:`CHAT` and :data:`EMBEDDINGS` below (docs/ARCHITECTURE.md
+and DESIGN's list point here, and a test checks them against each other). For
+``POST /v1/chat/completions``:
+
+identify → flags → rate_limit → budget → version → idempotency → cache → admission → route →
+call → degrade → settle
+
+Each step is a small module, and asks a policy object from :mod:`tidegate.policy` what to do;
+the steps only sequence them, turn their verdicts into HTTP, and make sure the bookkeeping
+happens whatever goes wrong. ``POST /v1/embeddings`` runs the same steps less those it does not
+need: ``version`` (canaries are for chat routes), ``idempotency`` (an embedding has no side
+effect: a retry recomputes the same vectors), ``cache`` (vectors are not kept) and ``degrade``
+(there is no degraded embedding to stand in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from tidegate.gateway.http import Send
+from tidegate.gateway.pipeline.admission import admit
+from tidegate.gateway.pipeline.budget import reserve_chat, reserve_embeddings
+from tidegate.gateway.pipeline.cache import look_up
+from tidegate.gateway.pipeline.call import call_model
+from tidegate.gateway.pipeline.checks import MAX_CHOICES, MAX_INTEGER
+from tidegate.gateway.pipeline.degrade import degrade
+from tidegate.gateway.pipeline.embed import embed
+from tidegate.gateway.pipeline.exchange import Exchange, new_request_id
+from tidegate.gateway.pipeline.flags import kill_switch
+from tidegate.gateway.pipeline.idempotency import claim
+from tidegate.gateway.pipeline.identify import identify, identify_chat, identify_embeddings
+from tidegate.gateway.pipeline.limits import rate_limit
+from tidegate.gateway.pipeline.request import Request
+from tidegate.gateway.pipeline.route import plan
+from tidegate.gateway.pipeline.steps import Pipeline, Step, run
+from tidegate.gateway.pipeline.version import select_version
+from tidegate.gateway.runtime import Runtime
+
+__all__ = [
+    "CHAT",
+    "EMBEDDINGS",
+    "MAX_CHOICES",
+    "MAX_INTEGER",
+    "Exchange",
+    "Pipeline",
+    "Request",
+    "Step",
+    "chat_completions",
+    "embeddings",
+    "identify",
+    "new_request_id",
+]
+
+#: ``POST /v1/chat/completions``, in the order a request meets the steps.
+CHAT: Final = Pipeline(
+    (
+        Step("identify", identify_chat),
+        Step("flags", kill_switch),
+        Step("rate_limit", rate_limit),
+        Step("budget", reserve_chat),
+        Step("version", select_version),
+        Step("idempotency", claim),
+        Step("cache", look_up),
+        Step("admission", admit),
+        Step("route", plan),
+        Step("call", call_model),
+        Step("degrade", degrade),
+    )
+)
+
+#: ``POST /v1/embeddings``: the chat steps less version, idempotency, cache and degrade.
+EMBEDDINGS: Final = Pipeline(
+    (
+        Step("identify", identify_embeddings),
+        Step("flags", kill_switch),
+        Step("rate_limit", rate_limit),
+        Step("budget", reserve_embeddings),
+        Step("admission", admit),
+        Step("route", plan),
+        Step("call", embed),
+    )
+)
+
+
+async def chat_completions(
+    rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
+) -> None:
+    """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx."""
+    await run(CHAT, Request(rt, ex, headers, body, send))
+
+
+async def embeddings(
+    rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
+) -> None:
+    """Answer one embeddings request; every error becomes its 4xx/5xx."""
+    await run(EMBEDDINGS, Request(rt, ex, headers, body, send))

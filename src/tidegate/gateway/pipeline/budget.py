@@ -1,0 +1,96 @@
+"""Step 4, budget: a daily budget per user on calls, tokens and cost. The estimate is reserved
+on entry (a few requests at a time: :mod:`tidegate.state.leases`), settled at what was spent or
+refunded by the settle step; near the quota the request is degraded (a cheaper model, a lower
+``max_tokens``), past it refused (429 until the next UTC midnight). A store that does not answer
+fails closed (503).
+
+The entry decisions (this step's and the rate limit's) take effect once durable: the step ends
+by awaiting the store's commit (SQLite commits a round's batches together).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tidegate.errors import BudgetExceeded, StoreError
+from tidegate.gateway.pipeline.request import Request
+from tidegate.gateway.pipeline.spend import estimate_prompt_tokens, input_tokens, price
+from tidegate.policy.budget import BudgetDecision, BudgetVerdict, Cost
+
+__all__ = ["reserve_chat", "reserve_embeddings"]
+
+
+async def reserve_chat(request: Request) -> bool:
+    """Reserve a chat completion: its prompt and ``n`` times ``max_tokens`` of completion."""
+    rt, body = request.rt, request.body
+    if rt.budget is not None:
+        max_tokens = body.get("max_tokens") or rt.default_max_tokens
+        completion = max_tokens * request.choices
+        prompt = estimate_prompt_tokens(body)
+        model = rt.model_ids[request.route.specs[0].name]
+        cost = price(rt, model, prompt, completion)
+        decision = await _reserve(request, Cost(calls=1, tokens=prompt + completion, cost=cost))
+        if decision.verdict is BudgetVerdict.DEGRADE:
+            _degrade(request, max_tokens)
+    await _committed(request)
+    return False
+
+
+async def reserve_embeddings(request: Request) -> bool:
+    """Reserve an embeddings call: its input's tokens (four characters a token, or the ids)."""
+    rt = request.rt
+    if rt.budget is not None:
+        tokens = input_tokens(request.body["input"])
+        model = rt.model_ids[request.route.specs[0].name]
+        await _reserve(request, Cost(calls=1, tokens=tokens, cost=price(rt, model, tokens, 0)))
+    await _committed(request)
+    return False
+
+
+async def _reserve(request: Request, estimate: Cost) -> BudgetDecision:
+    """Hold ``estimate`` for the request's subject; a block is refused here."""
+    rt = request.rt
+    assert rt.budget is not None
+    with rt.stores.batch():  # committed with the rate limit's (see _committed)
+        try:
+            reservation, decision = await rt.stores.quotas.reserve(
+                request.identity.budget_subject, rt.budget, estimate
+            )
+        except StoreError:
+            rt.metrics.store_errors.labels("quotas", "fail_closed").inc()
+            raise
+    request.reservation = reservation
+    if decision.verdict is BudgetVerdict.BLOCK:
+        dimension = decision.reason.value if decision.reason is not None else "calls"
+        rt.metrics.budget_denials.labels(dimension).inc()
+        retry_after = None if math.isinf(decision.retry_after) else decision.retry_after
+        raise BudgetExceeded(
+            f"the daily {dimension} budget is spent", policy="budget", retry_after=retry_after
+        )
+    return decision
+
+
+def _degrade(request: Request, max_tokens: int) -> None:
+    """Near the quota: a lower ``max_tokens`` or a cheaper model, as configured."""
+    rt, ex = request.rt, request.ex
+    budgets = rt.config.budgets
+    assert budgets is not None  # rt.budget is made from it
+    rt.metrics.budget_degraded.inc()
+    ex.budget = "degraded"
+    if budgets.degrade.max_tokens is not None:
+        request.body["max_tokens"] = min(max_tokens, budgets.degrade.max_tokens)
+    if budgets.degrade.model is not None:
+        request.alias = ex.route = budgets.degrade.model
+        request.route = rt.routes[request.alias]
+
+
+async def _committed(request: Request) -> None:
+    """Wait until the entry decisions are durable; a failed commit undid them all, so the
+    request holds no reservation and fails closed as a failed reservation would."""
+    rt = request.rt
+    try:
+        await rt.stores.committed()
+    except StoreError:
+        request.reservation = None
+        rt.metrics.store_errors.labels("quotas" if rt.budget else "buckets", "fail_closed").inc()
+        raise

@@ -1,0 +1,44 @@
+"""Step 3, rate limit: a token bucket per user and one per tenant, in the shared store (taken a
+few requests at a time: :mod:`tidegate.state.leases`). A refusal is 429 with ``Retry-After`` and
+the IETF ``RateLimit`` / ``RateLimit-Policy`` headers; a store that does not answer fails open to
+a bucket in this process, counted and logged."""
+
+from __future__ import annotations
+
+import math
+
+from tidegate.errors import RateLimited, StoreError
+from tidegate.gateway.pipeline.request import Request
+from tidegate.policy.ratelimit import BucketOptions, TakeResult, ratelimit_headers
+
+__all__ = ["rate_limit"]
+
+
+async def rate_limit(request: Request) -> bool:
+    """Take a token from the user's bucket and the tenant's (in one SQLite batch)."""
+    rt, identity = request.rt, request.identity
+    with rt.stores.batch():  # committed with the budget's, before anything acts on them
+        for options, key, name in (
+            (rt.user_bucket, identity.user_bucket, "per-user"),
+            (rt.tenant_bucket, identity.tenant_bucket, "per-tenant"),
+        ):
+            if options is None:
+                continue
+            try:
+                result = await rt.stores.buckets.take(key, options)
+            except StoreError as exc:
+                result = await rt.take_failing_open(key, options, exc)
+            if not result.allowed:
+                raise _rate_limited(options, result, name)
+    return False
+
+
+def _rate_limited(options: BucketOptions, result: TakeResult, name: str) -> RateLimited:
+    retry_after = result.retry_after if not math.isinf(result.retry_after) else None
+    return RateLimited(
+        f"{name} rate limit: {options.burst:g} requests, refilling {options.rate:g}/s",
+        policy="ratelimit",
+        retry_after=retry_after,
+        reason=name,
+        headers=ratelimit_headers(options, result, policy_name=name),
+    )

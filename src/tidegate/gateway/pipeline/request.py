@@ -1,0 +1,94 @@
+"""One request on its way through the steps: what it asked, what the steps decided, what it owes.
+
+A step reads what the steps before it decided here and adds its own; the settle step pays what
+is owed (the budget reservation, the idempotency claim, the admission ticket) whatever happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tidegate.gateway.auth import Identity
+from tidegate.gateway.canary import Canary
+from tidegate.gateway.http import Send
+from tidegate.gateway.pipeline.exchange import Exchange
+from tidegate.gateway.runtime import Route, Runtime
+from tidegate.policy.admission import Ticket
+from tidegate.policy.budget import Reservation
+from tidegate.policy.deadline import Deadline
+from tidegate.policy.routing import RoutePlan
+from tidegate.state.base import StoredResponse
+
+__all__ = ["Request"]
+
+
+class Request:
+    """The request context the steps share; ``ex`` is what the request did, for its answer's
+    headers, its log line and its metrics."""
+
+    __slots__ = (
+        "alias",
+        "body",
+        "cache_key",
+        "canary",
+        "choices",
+        "deadline",
+        "ex",
+        "failure",
+        "headers",
+        "idempotency",
+        "identity",
+        "plan",
+        "reservation",
+        "route",
+        "rt",
+        "send",
+        "served",
+        "started",
+        "stored",
+        "stream",
+        "ticket",
+    )
+
+    #: Set by the identify step (every later step may read them).
+    identity: Identity
+    deadline: Deadline
+    route: Route
+    #: Set by the route step.
+    plan: RoutePlan
+
+    def __init__(
+        self,
+        rt: Runtime,
+        ex: Exchange,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        send: Send,
+    ) -> None:
+        self.rt = rt
+        self.ex = ex
+        self.headers = headers
+        self.body = body
+        self.send = send
+        #: The route alias asked for (a budget degrade may change it to a cheaper one).
+        self.alias = ""
+        #: Completions asked for (``n``).
+        self.choices = 1
+        self.stream = False
+        #: The route's canary, and when the request began (its latency counts in the windows).
+        self.canary: Canary | None = None
+        self.started = 0.0
+        #: The response cache's key; empty when the request is not cacheable.
+        self.cache_key = ""
+        #: A failure of the call that a degraded answer may stand in for (the degrade step).
+        self.failure: Exception | None = None
+        # What the request owes, paid by the settle step.
+        self.reservation: Reservation | None = None
+        #: The idempotency key (scoped to the caller) and the claim's token.
+        self.idempotency: tuple[str, str] | None = None
+        #: The answer that key replays, once there is one.
+        self.stored: StoredResponse | None = None
+        self.ticket: Ticket | None = None
+        #: Something billable was produced: the reservation is settled, not refunded.
+        self.served = False

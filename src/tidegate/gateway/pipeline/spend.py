@@ -1,0 +1,69 @@
+"""What a request costs: the token estimate a budget reserves, the price of tokens, and the
+usage and spend of an answer once it is known."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tidegate.gateway.pipeline.exchange import Exchange
+from tidegate.gateway.runtime import Runtime
+
+__all__ = ["account", "estimate_prompt_tokens", "input_tokens", "price", "usage_of"]
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """About four characters a token: good enough to reserve a budget, never to bill."""
+    chars = 0
+    for message in body.get("messages", ()):
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(
+                len(str(part.get("text", ""))) for part in content if isinstance(part, dict)
+            )
+    return max(1, chars // 4)
+
+
+def input_tokens(value: str | list[Any]) -> int:
+    """The tokens of an embeddings ``input`` (checked to be one of OpenAI's four shapes): token
+    ids count as they are, text as about four characters a token."""
+    if isinstance(value, str):
+        return max(1, len(value) // 4)
+    if all(isinstance(item, int) for item in value):
+        return len(value)
+    return sum(max(1, len(item) // 4) if isinstance(item, str) else len(item) for item in value)
+
+
+def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -> float:
+    """What ``model`` charges for these tokens, from the configured prices (0 if none)."""
+    entry = rt.prices_per_1k.get(model)
+    if entry is None:
+        return 0.0
+    return (prompt_tokens * entry[0] + completion_tokens * entry[1]) / 1000.0
+
+
+def usage_of(answer: Mapping[str, Any], body: Mapping[str, Any], text_chars: int) -> dict[str, int]:
+    """The tokens of an answer: the provider's count, else an estimate from the text."""
+    usage = answer.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        prompt = int(usage["prompt_tokens"])
+        completion = int(usage.get("completion_tokens") or 0)
+    else:
+        prompt = estimate_prompt_tokens(body)
+        completion = max(0, text_chars // 4)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def account(rt: Runtime, ex: Exchange) -> None:
+    """Count the answer's spend and tokens against the model that served it."""
+    spend, prompt, completion = rt.metrics.model_children(ex.served_model)
+    usage = ex.usage
+    spend.inc(ex.cost)
+    prompt.inc(usage.get("prompt_tokens", 0))
+    completion.inc(usage.get("completion_tokens", 0))

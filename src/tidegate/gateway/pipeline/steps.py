@@ -1,0 +1,72 @@
+"""A pipeline: an ordered tuple of named steps over one :class:`~.request.Request`, and the
+settlement that follows whatever happened.
+
+A step returns True once the request is answered (a cache hit, an idempotent replay, a degraded
+answer, the call itself), False to go on, or, only when it must wait for something (a store, the
+admission queue, a provider), an awaitable of one of those: a step that has nothing to wait for
+in the usual case (no ``Idempotency-Key``, the cache off, the kill switch off) costs no coroutine.
+A refusal is raised as its typed error and answered with its one status and body. The settle
+step runs last, always, shielded from the caller going away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from tidegate.gateway.pipeline.answer import answer_error
+from tidegate.gateway.pipeline.request import Request
+from tidegate.gateway.pipeline.settle import record_canary, settle_shielded
+
+__all__ = ["Outcome", "Pipeline", "Step", "run"]
+
+
+#: What a step answers: whether the request is answered, now or once awaited.
+Outcome: TypeAlias = bool | Awaitable[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One named step of a pipeline."""
+
+    name: str
+    run: Callable[[Request], Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """An endpoint's steps in the order a request meets them; settling follows them all."""
+
+    steps: tuple[Step, ...]
+    #: The steps' functions, in order (what the loop calls).
+    runs: tuple[Callable[[Request], Outcome], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runs", tuple(step.run for step in self.steps))
+
+    def names(self) -> tuple[str, ...]:
+        """The order, as docs/ARCHITECTURE.md states it."""
+        return (*(step.name for step in self.steps), "settle")
+
+
+async def run(pipeline: Pipeline, request: Request) -> None:
+    """Take ``request`` through the steps, answer a refusal or an error with its typed status and
+    body, then settle what it owes (shielded)."""
+    try:
+        for step in pipeline.runs:
+            done = step(request)
+            if done is False:
+                continue
+            if done is True or await done:
+                return
+    except asyncio.CancelledError:
+        request.ex.outcome, request.ex.status = "client_closed", 499
+        raise
+    except Exception as error:
+        await answer_error(request, error)
+    finally:
+        if request.canary is not None:
+            record_canary(request)
+        await settle_shielded(request)

@@ -1,0 +1,134 @@
+"""What a streaming answer writes: server-sent events to the client, and what it has said (the
+text, the finish reason, the usage, the transcript an idempotency key replays)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tidegate.gateway.http import Send, start_stream
+from tidegate.gateway.pipeline.answer import sse
+
+__all__ = ["StreamWriter", "content_of", "finish_of"]
+
+
+def content_of(chunk: dict[str, Any]) -> str:
+    text = ""
+    for choice in chunk.get("choices") or ():
+        text += (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+def finish_of(chunk: dict[str, Any]) -> str | None:
+    for choice in chunk.get("choices") or ():
+        if choice.get("finish_reason"):
+            return str(choice["finish_reason"])
+    return None
+
+
+@dataclass
+class StreamWriter:
+    """Writes SSE to the client and remembers what it said: the text, usage, the transcript."""
+
+    send: Send
+    want_usage: bool
+    clean: Callable[[str], str] = str
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    chunk_id: str | None = None
+    model: str | None = None
+    finished: bool = False
+    malformed: int = 0
+    events: list[bytes] = field(default_factory=list)
+
+    async def start(self, headers: list[tuple[str, str]]) -> None:
+        await start_stream(self.send, headers)
+
+    async def _write(self, data: bytes, *, last: bool = False) -> None:
+        self.events.append(data)
+        await self.send({"type": "http.response.body", "body": data, "more_body": not last})
+
+    async def chunk(self, chunk: dict[str, Any], *, continuing: bool = False) -> None:
+        """Forward one provider chunk (after a rescue: under the first stream's id, no new role)."""
+        self._relabel(chunk, continuing=continuing)
+        added = content_of(chunk)
+        finish = finish_of(chunk)
+        if continuing and not added and not finish and not chunk.get("usage"):
+            return  # a rescuer's opening role chunk: the client already has one
+        self.text += added
+        self.finish_reason = finish or self.finish_reason
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+            if not self.want_usage:
+                if not chunk.get("choices"):
+                    return
+                chunk = {k: v for k, v in chunk.items() if k != "usage"}
+        await self._write(sse(orjson.dumps(chunk)))
+
+    def _relabel(self, chunk: dict[str, Any], *, continuing: bool) -> None:
+        """The chunk under the stream's first id and model, its text cleaned, and (continuing
+        a rescued stream) without a second role."""
+        if self.chunk_id is None:
+            self.chunk_id = chunk.get("id")
+            self.model = chunk.get("model")
+        else:
+            chunk["id"] = self.chunk_id
+        if self.model is not None:
+            chunk["model"] = self.model
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if continuing:
+                delta.pop("role", None)
+            if delta.get("content"):
+                delta["content"] = self.clean(delta["content"])
+
+    async def text_chunk(self, text: str, template: dict[str, Any]) -> None:
+        """Send ``text`` as one content chunk shaped like ``template``."""
+        chunk = {
+            "id": template.get("id"),
+            "object": "chat.completion.chunk",
+            "created": template.get("created"),
+            "model": template.get("model"),
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+        }
+        await self.chunk(chunk, continuing=True)
+
+    async def reset(self, reason: str) -> None:
+        """Tell an opted-in client to discard what it has: the whole answer follows."""
+        await self._write(b"event: reset\n" + sse(orjson.dumps({"reason": reason})))
+        self.text = ""
+        self.finish_reason = None
+
+    async def done(self, tidegate: dict[str, Any]) -> None:
+        if self.want_usage and self.usage is None:
+            usage = {"prompt_tokens": 0, "completion_tokens": max(1, len(self.text) // 4)}
+            usage["total_tokens"] = usage["completion_tokens"]
+            self.usage = usage
+            await self._write(
+                sse(
+                    orjson.dumps(
+                        {
+                            "id": self.chunk_id,
+                            "object": "chat.completion.chunk",
+                            "model": self.model,
+                            "choices": [],
+                            "usage": usage,
+                            "tidegate": tidegate,
+                        }
+                    )
+                )
+            )
+        elif tidegate:
+            await self._write(f": tidegate {orjson.dumps(tidegate).decode()}\n\n".encode())
+        await self._write(sse(b"[DONE]"), last=True)
+        self.finished = True
+
+    async def fail(self, payload: dict[str, Any]) -> None:
+        await self._write(sse(orjson.dumps(payload)), last=True)
+
+    def transcript(self) -> bytes:
+        return b"".join(self.events)
