@@ -17,7 +17,9 @@ from tidegate import __version__
 from tidegate.errors import ConfigError, MethodNotAllowed, ShuttingDown, StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.auth import KeyRing
+from tidegate.gateway.canary import take_step
 from tidegate.gateway.config import Config, resolve
+from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.http import (
     DRAIN_ENDED,
     ClientDisconnected,
@@ -44,7 +46,6 @@ from tidegate.gateway.runtime import (
     build_runtime,
     close_runtime,
     expire_leases,
-    refresh_flags,
     refresh_verdicts,
 )
 from tidegate.state.notify import WatchableFlagStore
@@ -315,8 +316,6 @@ class Gateway:
 
     async def _control_rollouts_forever(self) -> None:
         """The canary controller: judge every running rollout at its evaluation interval."""
-        from tidegate.gateway.canary import take_step
-
         rt = self.runtime
         assert rt is not None
         every = min(c.config.evaluate_every_s for c in rt.canaries.values())

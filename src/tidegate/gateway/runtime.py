@@ -19,14 +19,11 @@ import structlog
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, DeadlineExceeded, ProviderError, StoreError
-from tidegate.gateway.auth import Identity, KeyRing
+from tidegate.gateway.auth import AdminKeys, Identity, KeyRing
 from tidegate.gateway.canary import Canary, canary_flag_specs
 from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
 from tidegate.gateway.degraded import Corpus
-
-if TYPE_CHECKING:
-    from tidegate.gateway.admin import AdminKeys
-    from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
+from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.gateway.tracing import Tracing
@@ -51,7 +48,10 @@ from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores, store_from_urls
 from tidegate.state.verdicts import read_latest_verdicts, verdict_store_for
 
-__all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "build_provider"]
+if TYPE_CHECKING:
+    from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
+
+__all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "build_provider", "refresh_flags"]
 
 #: What a single-flight leader hands its followers: body, served_by, served model, usage.
 Flight = tuple[bytes, str, str, dict[str, int]]
@@ -525,8 +525,6 @@ async def build_runtime(
             wait_s=config.server.request_timeout_s,
         )
     if config.auth.admin_keys_file is not None:
-        from tidegate.gateway.admin import AdminKeys
-
         runtime.admin_keys = AdminKeys.from_file(resolve(config_dir, config.auth.admin_keys_file))
     await refresh_flags(runtime)
     refresh_verdicts(runtime)
@@ -573,17 +571,6 @@ async def expire_leases(runtime: Runtime, *, flush: bool = False) -> None:
         except StoreError as exc:  # the leases stay taken in the store: it errs toward refusing
             runtime.metrics.store_errors.labels(store, "settle_lost").inc()
             log.warning("lease_settle_failed", store=store, error=str(exc))
-
-
-async def refresh_flags(runtime: Runtime) -> None:
-    """Load the shared flag values into this process's FlagSet (unknown flags are kept aside)."""
-    try:
-        values = await runtime.stores.flags.values()
-    except StoreError as exc:
-        runtime.metrics.store_errors.labels("flags", "keep_last").inc()
-        log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
-        return
-    runtime.flags.restore({"version": 1, "values": values, "history": []})
 
 
 def _count_transitions(metrics: Metrics) -> Callable[[BreakerEvent], None]:
