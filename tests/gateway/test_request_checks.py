@@ -17,7 +17,7 @@ import yaml
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import KEY, fake
 from tidegate.gateway import http, pipeline
-from tidegate.gateway.server import flush_logs
+from tidegate.gateway.logsink import flush_logs
 from tidegate.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.asyncio

@@ -32,6 +32,7 @@ from tidegate.gateway.http import (
     send_error,
     send_json,
 )
+from tidegate.gateway.logsink import configure_logging, flush_logs, log_request
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import (
     Exchange,
@@ -92,12 +93,6 @@ WATCH_AFTER_S = 0.05
 DRAIN_MARGIN_S = 0.25
 #: What the SIGHUP log lines add: the keys file is all a reload reads.
 _RESTART_NOTE = "other config changes take effect on restart"
-
-
-def log_request(fields: dict[str, Any]) -> None:
-    """The request's log line through structlog (see ``server.configure_logging`` for the
-    direct writer used when the line is JSON)."""
-    log.info("request", **fields)
 
 
 class _Watch:
@@ -240,8 +235,6 @@ class Gateway:
     # ------------------------------------------------------------------ lifespan
 
     async def startup(self) -> None:
-        from tidegate.gateway.server import configure_logging
-
         self._log_request = configure_logging(self.config)
         if self.runtime is None:
             self.runtime = await build_runtime(
@@ -273,8 +266,6 @@ class Gateway:
                     await task
         if self.runtime is not None:
             await close_runtime(self.runtime)
-        from tidegate.gateway.server import flush_logs
-
         flush_logs()
 
     async def _refresh_flags_forever(self) -> None:
