@@ -55,6 +55,7 @@ from structlog.testing import capture_logs
 from tidegate.errors import ConfigError, StoreError
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.auth import hash_key
+from tidegate.gateway.build import admission_options_from
 from tidegate.gateway.config import (
     AuthConfig,
     Config,
@@ -65,7 +66,7 @@ from tidegate.gateway.config import (
     resolve,
 )
 from tidegate.gateway.http import Message, Receive, Scope, Send
-from tidegate.gateway.runtime import admission_options_from, build_runtime
+from tidegate.gateway.runtime import build_runtime
 from tidegate.lab.engine import Fleet, Traffic, simulate
 from tidegate.lab.gameday import load_scenario, run_release
 from tidegate.lab.workload import Deterministic, Poisson, parse_distribution
