@@ -14,7 +14,7 @@ config overrides, for what-if counts (``TIDEGATE_STATE__LEASES__MAX_CHUNK=1``: l
 Under callgrind a request runs about fifty times slower, so the two things tidegate decides by
 elapsed time are stretched by the same factor for this run: the lease window
 (``state.leases.hold_s``, configuration) and the 50 ms after which a request gets a disconnect
-watcher (``tidegate.gateway.app.WATCH_AFTER_S``, set by a small launcher). Without that, the run
+watcher (``tidegate.gateway.watch.WATCH_AFTER_S``, set by a small launcher). Without that, the run
 would measure a slow-motion gateway whose leases are fifty times smaller and whose every request
 has a watcher, which a real one at this load does not.
 """
@@ -42,8 +42,8 @@ import gateway as gw  # the servers and helpers of benchmarks/gateway.py (run fr
 SLOWDOWN = 50
 LAUNCHER = """
 import sys
-import tidegate.gateway.app as app
-app.WATCH_AFTER_S *= {slowdown}
+import tidegate.gateway.watch as watch
+watch.WATCH_AFTER_S *= {slowdown}
 from tidegate.cli import main
 sys.argv[0] = "tidegate"
 sys.exit(main())

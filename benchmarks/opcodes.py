@@ -42,6 +42,7 @@ from rich.table import Table
 
 import gateway as gw  # the pipeline and the key of benchmarks/gateway.py (run from this folder)
 import tidegate.gateway.app as gateway_app
+import tidegate.gateway.watch as gateway_watch
 from tidegate.gateway.config import load_config
 from tidegate.providers.base import JSONObject
 
@@ -160,7 +161,7 @@ async def measure(
             return local
 
         # The watcher's delay, stretched as the requests are (its timer is read at each add).
-        app._watches.after_s = gateway_app.WATCH_AFTER_S * slowdown
+        app._watches.after_s = gateway_watch.WATCH_AFTER_S * slowdown
         sys.settrace(start)
         try:
             failed += await _drive(app, headers, requests)

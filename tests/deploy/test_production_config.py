@@ -17,8 +17,8 @@ from tests.deploy.conftest import (
     seconds,
 )
 from tidegate.errors import ConfigError
+from tidegate.gateway.build import check_config_against_policies, retry_policy_from
 from tidegate.gateway.config import Config, Profile, load_config, profile_problems
-from tidegate.gateway.runtime import check_config_against_policies, retry_policy_from
 from tidegate.policy.deadline import Layer, chain_problems
 from tidegate.policy.retry import provider_layer
 

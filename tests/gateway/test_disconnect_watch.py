@@ -2,14 +2,15 @@
 
 Unit tests of :class:`DisconnectWatches` and :class:`_Watch` on the real loop with a tiny
 ``after_s`` (the waits are a few tens of milliseconds), and a few through
-``Gateway._run_watching_disconnect``. The client is a ``receive`` callable that answers
+``DisconnectWatches.run`` as the gateway calls it. The client is a ``receive`` callable that answers
 ``http.disconnect`` once the test resolves a future.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, MutableMapping
+import functools
+from collections.abc import Callable, Coroutine, MutableMapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,10 +18,11 @@ import pytest
 
 from tests.gateway.harness import write_config
 from tidegate.clock import ManualClock, SystemClock
-from tidegate.gateway.app import DisconnectWatches, Gateway, Handler, _Watch
+from tidegate.gateway.app import Gateway, Handler
 from tidegate.gateway.config import load_config
 from tidegate.gateway.pipeline import Exchange
 from tidegate.gateway.runtime import Runtime
+from tidegate.gateway.watch import DisconnectWatches, _Watch
 
 Message = MutableMapping[str, Any]
 
@@ -332,13 +334,17 @@ async def _sent(message: Message) -> None:
     return None
 
 
+def _run(app: Gateway, handler: Handler, ex: Exchange, client: Client) -> Coroutine[Any, Any, None]:
+    """``handler`` run by the app's watches, as the gateway runs a model call."""
+    answer = functools.partial(handler, NO_RUNTIME, ex, {}, {})
+    return app._watches.run(ex, client.receive, _sent, answer)
+
+
 def _start(app: Gateway, handler: Handler) -> tuple[asyncio.Task[None], Client, Exchange]:
-    """``handler`` run by ``_run_watching_disconnect`` in a task of its own, for a new client."""
+    """``handler`` run by the app's watches in a task of its own, for a new client."""
     client = Client()
     ex = Exchange(request_id="r")
-    task = asyncio.get_running_loop().create_task(
-        app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
-    )
+    task = asyncio.get_running_loop().create_task(_run(app, handler, ex, client))
     return task, client, ex
 
 
@@ -354,7 +360,7 @@ async def test_run_watching_disconnect_a_fast_handler_never_reads_receive(app: G
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    await app._run_watching_disconnect(NO_RUNTIME, handler, ex, {}, {}, client.receive, _sent)
+    await _run(app, handler, ex, client)
     assert len(app._watches) == 0
     loop = asyncio.get_running_loop()
     now = loop.time()

@@ -251,9 +251,8 @@ def test_the_direct_request_line_only_where_it_writes_what_structlog_would(
 ) -> None:
     """configure_logging hands the gateway the direct writer for JSON lines at info or below,
     and structlog's own call otherwise (console lines, or a level that drops the line)."""
-    from tidegate.gateway.app import log_request
     from tidegate.gateway.config import Config
-    from tidegate.gateway.server import configure_logging
+    from tidegate.gateway.logsink import configure_logging, log_request
 
     config = Config.model_validate(
         {

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.gateway.conftest import AppFactory
-from tidegate.gateway import server
+from tidegate.gateway import app as app_module
 from tidegate.gateway.app import Gateway
 from tidegate.providers.fake_upstream import FakeUpstream
 
@@ -65,7 +65,7 @@ def log_lines(monkeypatch: pytest.MonkeyPatch) -> LogLines:
     for name, module in list(sys.modules.items()):
         if name.startswith("tidegate.") and hasattr(module, "log"):
             monkeypatch.setattr(module, "log", recorder)
-    monkeypatch.setattr(server, "configure_logging", lambda config: recorder.request)
+    monkeypatch.setattr(app_module, "configure_logging", lambda config: recorder.request)
     return recorder
 
 

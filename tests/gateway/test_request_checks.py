@@ -17,9 +17,9 @@ import yaml
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import KEY, fake
 from tidegate.gateway import http, pipeline
+from tidegate.gateway.logsink import flush_logs
 from tidegate.gateway.pipeline import answer
 from tidegate.gateway.runtime import Route
-from tidegate.gateway.server import flush_logs
 from tidegate.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.asyncio

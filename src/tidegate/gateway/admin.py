@@ -22,37 +22,33 @@ POST     /v1/actions/{id}/approve|reject   ``{"who"}``: decide it, exactly once
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import hmac
-from collections.abc import Mapping
-from enum import Enum
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tidegate.errors import (
     ActionExpired,
     AlreadyDecided,
-    ConfigError,
     InvalidRequest,
     NotFound,
     TidegateError,
-    Unauthenticated,
 )
+from tidegate.gateway.auth import AdminKeys
+from tidegate.gateway.canary import control, take_step
+from tidegate.gateway.flags import set_flag
 from tidegate.gateway.http import (
     Receive,
     Scope,
     Send,
+    plain,
     read_json,
     request_headers,
     send_error,
     send_json,
 )
-from tidegate.gateway.runtime import Runtime, refresh_flags
+from tidegate.gateway.runtime import Runtime
 from tidegate.policy.flags import ANSWER_MODE, KillSwitchMode
 from tidegate.state.actions import ActionAlreadyDecided, ActionNotFound
 from tidegate.state.actions import ActionExpired as StoreActionExpired
@@ -62,60 +58,8 @@ __all__ = ["AdminKeys", "handle_admin", "is_admin_path", "set_flag"]
 log = structlog.get_logger("tidegate")
 
 
-class _AdminKey(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class _AdminKeysFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    keys: tuple[_AdminKey, ...]
-
-
-class AdminKeys:
-    """Operators' keys: digests only, compared in constant time."""
-
-    def __init__(self, digests: Mapping[str, str]) -> None:
-        self._by_prefix = {digest[:16]: (digest, name) for digest, name in digests.items()}
-
-    @classmethod
-    def from_file(cls, path: Path) -> AdminKeys:
-        try:
-            parsed = _AdminKeysFile.model_validate(yaml.safe_load(path.read_text("utf-8")) or {})
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the admin keys file ({exc.strerror})") from exc
-        except (yaml.YAMLError, ValidationError) as exc:
-            raise ConfigError(f"{path}: not a valid admin keys file: {exc}") from exc
-        return cls({k.sha256: k.id for k in parsed.keys})
-
-    def identify(self, authorization: str | None) -> str:
-        scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise Unauthenticated("the admin API needs Authorization: Bearer <admin key>")
-        digest = hashlib.sha256(key.strip().encode()).hexdigest()
-        stored, name = self._by_prefix.get(digest[:16], ("", ""))
-        if not name or not hmac.compare_digest(stored, digest):
-            raise Unauthenticated("unknown admin key")
-        return name
-
-
 def is_admin_path(path: str) -> bool:
     return path.startswith(("/admin/", "/v1/actions"))
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _text(body: Mapping[str, Any], field: str) -> str:
@@ -143,6 +87,22 @@ async def handle_admin(rt: Runtime, scope: Scope, receive: Receive, send: Send) 
         await send_error(send, error)
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One admin request as a route's handler reads it: the method, the path's parts after
+    the route's own two, the query and, on demand, the JSON body."""
+
+    rt: Runtime
+    method: str
+    rest: list[str]
+    query: dict[str, str]
+    body: Callable[[], Awaitable[dict[str, Any]]]
+
+
+#: What a route's handler answers: a status and a body, or ``None`` for "no such route here".
+_Answer = tuple[int, Any] | None
+
+
 async def _route(
     rt: Runtime, scope: Scope, receive: Receive, headers: dict[str, str], operator: str
 ) -> tuple[int, Any]:
@@ -155,50 +115,69 @@ async def _route(
     async def body() -> dict[str, Any]:
         return await read_json(receive, headers, rt.config.server.max_body_bytes)
 
-    if parts[:2] == ["admin", "flags"]:
-        if method == "GET" and len(parts) == 2:
-            specs = rt.flags.specs
-            return 200, {
-                name: {
-                    "value": rt.flags.get(name),
-                    "default": spec.default,
-                    "type": spec.type.__name__,
-                    "description": spec.description,
-                }
-                for name, spec in sorted(specs.items())
-            }
-        if method == "PUT" and len(parts) == 3:
-            data = await body()
-            return 200, await set_flag(
-                rt, parts[2], data.get("value"), _text(data, "who"), _text(data, "why")
-            )
-    if path == "/admin/audit" and method == "GET":
-        try:
-            limit = int(query.get("limit", "100"))
-        except ValueError:
-            raise InvalidRequest("limit must be a whole number") from None
-        records = await rt.stores.flags.history(query.get("flag") or None, limit=limit)
-        return 200, [_plain(r) for r in records]
-    if path == "/admin/kill-switch" and method == "POST":
-        data = await body()
-        mode = data.get("mode")
-        if mode not in {m.value for m in KillSwitchMode}:
-            raise InvalidRequest("mode must be one of full, degraded, unavailable")
-        return 200, await set_flag(rt, ANSWER_MODE, mode, _text(data, "who"), _text(data, "why"))
-    if path == "/admin/breakers" and method == "GET":
-        return 200, {name: _plain(b.snapshot()) for name, b in sorted(rt.breakers.items())}
-    if path == "/admin/admission" and method == "GET":
-        return 200, _plain(rt.admission.controller.snapshot())
-    if parts[:2] == ["admin", "rollouts"]:
-        return await _rollouts(rt, method, parts[2:], body)
-    if parts[:2] == ["v1", "actions"]:
-        return await _actions(rt, method, parts[2:], body)
+    handler = _ROUTES.get((parts[0], parts[1]) if len(parts) > 1 else ("", ""))
+    if handler is not None:
+        answer = await handler(_Call(rt, method, parts[2:], query, body))
+        if answer is not None:
+            return answer
     raise NotFound(f"no admin route {method} {path}")
 
 
-async def _rollouts(rt: Runtime, method: str, rest: list[str], body: Any) -> tuple[int, Any]:
-    from tidegate.gateway.canary import control, take_step
+async def _flags(call: _Call) -> _Answer:
+    rt, method, rest = call.rt, call.method, call.rest
+    if method == "GET" and not rest:
+        return 200, {
+            name: {
+                "value": rt.flags.get(name),
+                "default": spec.default,
+                "type": spec.type.__name__,
+                "description": spec.description,
+            }
+            for name, spec in sorted(rt.flags.specs.items())
+        }
+    if method == "PUT" and len(rest) == 1:
+        data = await call.body()
+        return 200, await set_flag(
+            rt, rest[0], data.get("value"), _text(data, "who"), _text(data, "why")
+        )
+    return None
 
+
+async def _audit(call: _Call) -> _Answer:
+    if call.method != "GET" or call.rest:
+        return None
+    try:
+        limit = int(call.query.get("limit", "100"))
+    except ValueError:
+        raise InvalidRequest("limit must be a whole number") from None
+    records = await call.rt.stores.flags.history(call.query.get("flag") or None, limit=limit)
+    return 200, [plain(r) for r in records]
+
+
+async def _kill_switch(call: _Call) -> _Answer:
+    if call.method != "POST" or call.rest:
+        return None
+    data = await call.body()
+    mode = data.get("mode")
+    if mode not in {m.value for m in KillSwitchMode}:
+        raise InvalidRequest("mode must be one of full, degraded, unavailable")
+    return 200, await set_flag(call.rt, ANSWER_MODE, mode, _text(data, "who"), _text(data, "why"))
+
+
+async def _breakers(call: _Call) -> _Answer:
+    if call.method != "GET" or call.rest:
+        return None
+    return 200, {name: plain(b.snapshot()) for name, b in sorted(call.rt.breakers.items())}
+
+
+async def _admission(call: _Call) -> _Answer:
+    if call.method != "GET" or call.rest:
+        return None
+    return 200, plain(call.rt.admission.controller.snapshot())
+
+
+async def _rollouts(call: _Call) -> _Answer:
+    rt, method, rest = call.rt, call.method, call.rest
     if method == "GET" and not rest:
         return 200, {alias: c.status(rt.flags) for alias, c in sorted(rt.canaries.items())}
     if not rest or rest[0] not in rt.canaries:
@@ -207,7 +186,7 @@ async def _rollouts(rt: Runtime, method: str, rest: list[str], body: Any) -> tup
     if method == "GET" and len(rest) == 1:
         return 200, rt.canaries[alias].status(rt.flags)
     if method == "POST" and len(rest) == 2:
-        data = await body()
+        data = await call.body()
         who, why = _text(data, "who"), _text(data, "why")
         if rest[1] == "evaluate":
             return 200, await take_step(rt, alias, requested_by=who)
@@ -216,49 +195,59 @@ async def _rollouts(rt: Runtime, method: str, rest: list[str], body: Any) -> tup
     raise NotFound(f"no rollout action {method} {'/'.join(rest)}")
 
 
-async def set_flag(rt: Runtime, name: str, value: Any, who: str, why: str) -> dict[str, Any]:
-    """Check the value against the flag's spec, store it (with its audit record), reload."""
-    if name not in rt.flags.specs:
-        raise NotFound(f"no flag named {name!r}")
-    probe = type(rt.flags)(rt.flags.specs.values(), rt.clock)
+async def _actions(call: _Call) -> _Answer:
+    """The pending actions, with the store's refusals as the documented errors."""
     try:
-        probe.set(name, value, who=who, why=why)  # the spec's type and choices decide
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-    record = await rt.stores.flags.set(name, value, who=who, why=why)
-    await refresh_flags(rt)
-    plain: dict[str, Any] = _plain(record)
-    return plain
-
-
-async def _actions(rt: Runtime, method: str, rest: list[str], body: Any) -> tuple[int, Any]:
-    actions = rt.stores.actions
-    try:
-        if method == "POST" and not rest:
-            data = await body()
-            ttl = data.get("ttl_s", 3600)
-            payload = data.get("payload", {})
-            if not isinstance(ttl, int | float) or not 0 < ttl <= 7 * 86_400:
-                raise InvalidRequest("ttl_s must be a number of seconds in (0, 604800]")
-            if not isinstance(payload, dict):
-                raise InvalidRequest("payload must be an object")
-            action = await actions.propose(
-                _text(data, "kind"), payload, ttl_s=float(ttl), proposed_by=_text(data, "who")
-            )
-            return 201, _plain(action)
-        if method == "GET" and len(rest) == 1:
-            found = await actions.get(rest[0])
-            if found is None:
-                raise NotFound(f"no action {rest[0]}")
-            return 200, _plain(found)
-        if method == "POST" and len(rest) == 2 and rest[1] in ("approve", "reject"):
-            who = _text(await body(), "who")
-            decide = actions.approve if rest[1] == "approve" else actions.reject
-            return 200, _plain(await decide(rest[0], who))
+        answer = await _action_route(call)
     except ActionNotFound as exc:
         raise NotFound(str(exc)) from None
     except ActionAlreadyDecided as exc:
         raise AlreadyDecided(str(exc)) from None
     except StoreActionExpired as exc:
         raise ActionExpired(str(exc)) from None
-    raise NotFound(f"no admin route {method} /v1/actions/{'/'.join(rest)}")
+    if answer is None:
+        raise NotFound(f"no admin route {call.method} /v1/actions/{'/'.join(call.rest)}")
+    return answer
+
+
+async def _action_route(call: _Call) -> _Answer:
+    method, rest = call.method, call.rest
+    if method == "POST" and not rest:
+        return 201, await _propose(call)
+    if method == "GET" and len(rest) == 1:
+        found = await call.rt.stores.actions.get(rest[0])
+        if found is None:
+            raise NotFound(f"no action {rest[0]}")
+        return 200, plain(found)
+    if method == "POST" and len(rest) == 2 and rest[1] in ("approve", "reject"):
+        who = _text(await call.body(), "who")
+        actions = call.rt.stores.actions
+        decide = actions.approve if rest[1] == "approve" else actions.reject
+        return 200, plain(await decide(rest[0], who))
+    return None
+
+
+async def _propose(call: _Call) -> Any:
+    data = await call.body()
+    ttl = data.get("ttl_s", 3600)
+    payload = data.get("payload", {})
+    if not isinstance(ttl, int | float) or not 0 < ttl <= 7 * 86_400:
+        raise InvalidRequest("ttl_s must be a number of seconds in (0, 604800]")
+    if not isinstance(payload, dict):
+        raise InvalidRequest("payload must be an object")
+    action = await call.rt.stores.actions.propose(
+        _text(data, "kind"), payload, ttl_s=float(ttl), proposed_by=_text(data, "who")
+    )
+    return plain(action)
+
+
+#: Each route's handler by the path's first two parts.
+_ROUTES: dict[tuple[str, str], Callable[[_Call], Awaitable[_Answer]]] = {
+    ("admin", "flags"): _flags,
+    ("admin", "audit"): _audit,
+    ("admin", "kill-switch"): _kill_switch,
+    ("admin", "breakers"): _breakers,
+    ("admin", "admission"): _admission,
+    ("admin", "rollouts"): _rollouts,
+    ("v1", "actions"): _actions,
+}

@@ -1,25 +1,28 @@
-"""The ASGI application: routes, lifespan, disconnect handling, one log line per request."""
+"""The ASGI application: routes, lifespan, the drain, one log line per request (the disconnect
+watches are :mod:`tidegate.gateway.watch`'s)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import os
 import signal
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import ConfigError, MethodNotAllowed, ShuttingDown, StoreError, TidegateError
+from tidegate.errors import ConfigError, MethodNotAllowed, StoreError, TidegateError
 from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.auth import KeyRing
+from tidegate.gateway.canary import take_step
 from tidegate.gateway.config import Config, resolve
+from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.http import (
-    DRAIN_ENDED,
     ClientDisconnected,
     Receive,
     Scope,
@@ -30,6 +33,7 @@ from tidegate.gateway.http import (
     send_error,
     send_json,
 )
+from tidegate.gateway.logsink import configure_logging, flush_logs, log_request
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import (
     Exchange,
@@ -40,13 +44,14 @@ from tidegate.gateway.pipeline import (
 )
 from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits
 from tidegate.gateway.runtime import (
+    Overrides,
     Runtime,
     build_runtime,
     close_runtime,
     expire_leases,
-    refresh_flags,
     refresh_verdicts,
 )
+from tidegate.gateway.watch import DisconnectWatches
 from tidegate.state.notify import WatchableFlagStore
 
 __all__ = ["Gateway"]
@@ -83,127 +88,12 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-#: A request still running after this many seconds starts watching for its client to go away.
-WATCH_AFTER_S = 0.05
 #: The requests still running this long before uvicorn's drain deadline are ended by the
 #: gateway (a stream with its in-band error event, an answer not begun with 503), leaving
 #: uvicorn's own cancellation nothing to cut; half the drain when that is shorter.
 DRAIN_MARGIN_S = 0.25
 #: What the SIGHUP log lines add: the keys file is all a reload reads.
 _RESTART_NOTE = "other config changes take effect on restart"
-
-
-def log_request(fields: dict[str, Any]) -> None:
-    """The request's log line through structlog (see ``server.configure_logging`` for the
-    direct writer used when the line is JSON)."""
-    log.info("request", **fields)
-
-
-class _Watch:
-    """One request that may need watching: its task, its exchange and its ``receive``."""
-
-    __slots__ = (
-        "cancelled_here",
-        "ex",
-        "receive",
-        "responded",
-        "since",
-        "started",
-        "task",
-        "watcher",
-    )
-
-    def __init__(
-        self, task: asyncio.Task[Any], ex: Exchange, receive: Receive, since: float
-    ) -> None:
-        self.task = task
-        self.ex = ex
-        self.receive = receive
-        self.since = since
-        self.responded = False
-        #: The response's first message went out (its status can no longer change).
-        self.started = False
-        self.cancelled_here = False
-        self.watcher: asyncio.Task[None] | None = None
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.watcher = loop.create_task(self._wait_for_disconnect())
-
-    def stop(self) -> None:
-        if self.watcher is not None:
-            self.watcher.cancel()
-
-    async def _wait_for_disconnect(self) -> None:
-        while (await self.receive())["type"] != "http.disconnect":
-            pass
-        ex = self.ex
-        if not self.responded and not ex.settling:
-            self.cancelled_here = True
-            ex.outcome, ex.status = "client_closed", 499
-            self.task.cancel()
-
-
-async def _send_last(send: Send, message: MutableMapping[str, Any], watch: _Watch) -> None:
-    """Send the response's last message; from then on a disconnect is the exchange's end."""
-    await send(message)
-    watch.responded = True
-
-
-class DisconnectWatches:
-    """The requests in flight, and a timer that gives each a watcher once it has run a while.
-
-    Adding and discarding a request is a dictionary operation; the one timer runs only while
-    some request is in flight, every :data:`WATCH_AFTER_S` at most. Timing uses the event loop's
-    own clock: this is socket plumbing, not a policy, and must not follow a test's manual clock.
-    """
-
-    def __init__(self, after_s: float | None = None) -> None:
-        self.after_s = WATCH_AFTER_S if after_s is None else after_s
-        self._young: dict[_Watch, None] = {}  # oldest first, not yet watched
-        self._watched: set[_Watch] = set()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def __len__(self) -> int:
-        return len(self._young) + len(self._watched)
-
-    def add(self, watch: _Watch) -> None:
-        self._young[watch] = None
-        if self._timer is None:
-            loop = watch.task.get_loop()
-            self._timer = loop.call_at(watch.since + self.after_s, self._promote, loop)
-
-    def discard(self, watch: _Watch) -> None:
-        if self._young.pop(watch, 0) is None:
-            return
-        self._watched.discard(watch)
-        watch.stop()
-
-    def _promote(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = None
-        due = loop.time() - self.after_s
-        young = self._young
-        while young:
-            watch = next(iter(young))
-            if watch.since > due:
-                self._timer = loop.call_at(watch.since + self.after_s, self._promote, loop)
-                return
-            del young[watch]
-            self._watched.add(watch)
-            watch.start(loop)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def end_all(self) -> int:
-        """Cancel every request not yet answered nor settling, with :data:`DRAIN_ENDED`."""
-        ended = 0
-        for watch in [*self._young, *self._watched]:
-            if not watch.responded and not watch.ex.settling:
-                watch.task.cancel(DRAIN_ENDED)
-                ended += 1
-        return ended
 
 
 class Gateway:
@@ -215,20 +105,19 @@ class Gateway:
         config_path: Path,
         *,
         runtime: Runtime | None = None,
-        git_sha: str = "unknown",
         tune_gc: bool = False,
         reload_on_sighup: bool = False,
-        **runtime_overrides: Any,
+        **overrides: Unpack[Overrides],
     ) -> None:
         self.config = config
         self.config_path = config_path
         self.runtime = runtime
-        self.git_sha = git_sha
         self.tune_gc = tune_gc
         #: Serving from ``tidegate serve`` (the main thread of a process of its own): SIGHUP
         #: reloads the keys file instead of killing the process.
         self.reload_on_sighup = reload_on_sighup
-        self._overrides = runtime_overrides
+        #: What :func:`build_runtime` is given besides the config (the git sha, test hooks).
+        self._overrides = overrides
         self._refresher: asyncio.Task[None] | None = None
         self._controller: asyncio.Task[None] | None = None
         self._watches = DisconnectWatches()
@@ -239,13 +128,9 @@ class Gateway:
     # ------------------------------------------------------------------ lifespan
 
     async def startup(self) -> None:
-        from tidegate.gateway.server import configure_logging
-
         self._log_request = configure_logging(self.config)
         if self.runtime is None:
-            self.runtime = await build_runtime(
-                self.config, self.config_path, git_sha=self.git_sha, **self._overrides
-            )
+            self.runtime = await build_runtime(self.config, self.config_path, **self._overrides)
         if self.tune_gc:
             tune_gc()
         loop = asyncio.get_running_loop()
@@ -272,8 +157,6 @@ class Gateway:
                     await task
         if self.runtime is not None:
             await close_runtime(self.runtime)
-        from tidegate.gateway.server import flush_logs
-
         flush_logs()
 
     async def _refresh_flags_forever(self) -> None:
@@ -315,8 +198,6 @@ class Gateway:
 
     async def _control_rollouts_forever(self) -> None:
         """The canary controller: judge every running rollout at its evaluation interval."""
-        from tidegate.gateway.canary import take_step
-
         rt = self.runtime
         assert rt is not None
         every = min(c.config.evaluate_every_s for c in rt.canaries.values())
@@ -448,13 +329,14 @@ class Gateway:
                 ex.status = await send_error(send, error, [("x-request-id", ex.request_id)])
                 ex.outcome = error.code
                 return
+            answer = functools.partial(handler, rt, ex, headers, body)
             if not rt.tracing.enabled:
-                await self._run_watching_disconnect(rt, handler, ex, headers, body, receive, send)
+                await self._watches.run(ex, receive, send, answer)
                 return
             with rt.tracing.span(
                 "tidegate.request", **{"tidegate.request_id": ex.request_id, "url.path": path}
             ) as span:
-                await self._run_watching_disconnect(rt, handler, ex, headers, body, receive, send)
+                await self._watches.run(ex, receive, send, answer)
                 if span is not None:
                     span.set_attributes(
                         {
@@ -497,54 +379,6 @@ class Gateway:
                     "duration_s": int(elapsed * 1e4 + 0.5) / 1e4,
                 }
             )
-
-    async def _run_watching_disconnect(
-        self,
-        rt: Runtime,
-        handler: Handler,
-        ex: Exchange,
-        headers: dict[str, str],
-        body: dict[str, Any],
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        """Run the handler in this task; a client that goes away first cancels it.
-
-        A request still running after :data:`WATCH_AFTER_S` gets a watcher task that waits for
-        ``http.disconnect`` (most answers are sent sooner, and never pay for one). A disconnect
-        after the last byte was sent, or once the request is settling its bookkeeping, is the
-        normal end of the exchange and cancels nothing; the settlement itself is shielded when a
-        cancellation does arrive.
-        """
-        loop = asyncio.get_running_loop()
-        this = asyncio.current_task(loop)
-        assert this is not None
-        ex.task = this
-        watch = _Watch(this, ex, receive, loop.time())
-
-        def tracked_send(message: MutableMapping[str, Any]) -> Awaitable[None]:
-            if message["type"] == "http.response.body":
-                if not message.get("more_body"):
-                    return _send_last(send, message, watch)
-            else:
-                watch.started = True
-            return send(message)
-
-        self._watches.add(watch)
-        try:
-            await handler(rt, ex, headers, body, tracked_send)
-        except asyncio.CancelledError as cancel:
-            # Only the watcher's own cancellation and the gateway's at the drain's end stop
-            # here; another one requested meanwhile (uvicorn's at the drain deadline) goes on.
-            drained = cancel.args == (DRAIN_ENDED,)
-            if not (drained or watch.cancelled_here) or this.uncancel() > 0:
-                raise
-            if drained and not watch.started:
-                error = ShuttingDown("the replica shut down before the answer was ready")
-                ex.outcome = error.code
-                ex.status = await send_error(send, error, ex.answer_headers())
-        finally:
-            self._watches.discard(watch)
 
     # ------------------------------------------------------------------ GET routes
 

@@ -1,4 +1,5 @@
-"""Who is calling: API keys, hashed at rest, to a tenant, user, priority class and data class.
+"""Who is calling: API keys, hashed at rest, to a tenant, user, priority class and data class;
+and the operators' admin keys, kept apart from them.
 
 The keys file holds only SHA-256 digests of the keys. A presented key is hashed; the first 16 hex
 digits of its digest find the candidate entry, and the full digests are then compared with
@@ -14,6 +15,9 @@ Keys file (YAML)::
         priority: critical            # an admission class
         data_class: internal          # what providers may see this caller's data
         models: ["chat-default"]      # allowed aliases; "*" for all
+
+The admin keys file (``auth.admin_keys_file``) has the same digests with an ``id`` each, and
+nothing else: an admin key names an operator, for the audit history, and opens the admin API.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tidegate.errors import ConfigError, Forbidden, Unauthenticated
 
-__all__ = ["Identity", "KeyRing", "hash_key"]
+__all__ = ["AdminKeys", "Identity", "KeyRing", "hash_key"]
 
 
 def hash_key(key: str) -> str:
@@ -156,3 +160,43 @@ class KeyRing:
     def authorize(identity: Identity, model: str) -> None:
         if not identity.may_use(model):
             raise Forbidden(f"this API key may not use model {model!r}")
+
+
+class _AdminKey(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class _AdminKeysFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: tuple[_AdminKey, ...]
+
+
+class AdminKeys:
+    """Operators' keys: digests only, compared in constant time."""
+
+    def __init__(self, digests: Mapping[str, str]) -> None:
+        self._by_prefix = {digest[:16]: (digest, name) for digest, name in digests.items()}
+
+    @classmethod
+    def from_file(cls, path: Path) -> AdminKeys:
+        try:
+            parsed = _AdminKeysFile.model_validate(yaml.safe_load(path.read_text("utf-8")) or {})
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the admin keys file ({exc.strerror})") from exc
+        except (yaml.YAMLError, ValidationError) as exc:
+            raise ConfigError(f"{path}: not a valid admin keys file: {exc}") from exc
+        return cls({k.sha256: k.id for k in parsed.keys})
+
+    def identify(self, authorization: str | None) -> str:
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthenticated("the admin API needs Authorization: Bearer <admin key>")
+        digest = hashlib.sha256(key.strip().encode()).hexdigest()
+        stored, name = self._by_prefix.get(digest[:16], ("", ""))
+        if not name or not hmac.compare_digest(stored, digest):
+            raise Unauthenticated("unknown admin key")
+        return name

@@ -27,6 +27,7 @@ import orjson
 import structlog
 
 from tidegate.gateway.config import CanaryConfig, Config, VersionConfig
+from tidegate.gateway.flags import set_flag
 from tidegate.policy.flags import FlagSet, FlagSpec
 from tidegate.policy.rollout import (
     RolloutGate,
@@ -211,8 +212,6 @@ async def take_step(rt: Any, alias: str, *, requested_by: str | None = None) -> 
     evaluation (``requested_by`` is then named in the reason).
     """
     who = CONTROLLER
-    from tidegate.gateway.admin import set_flag
-
     canary: Canary = rt.canaries[alias]
     state = rt.flags.get_str(state_flag(alias))
     share = rt.flags.get_float(share_flag(alias))
@@ -267,8 +266,6 @@ async def _claim_step(rt: Any, alias: str, share: float) -> bool:
 
 async def control(rt: Any, alias: str, action: str, who: str, why: str) -> dict[str, Any]:
     """Operator actions: start, pause, resume, abort."""
-    from tidegate.gateway.admin import set_flag
-
     canary: Canary = rt.canaries[alias]
     if action == "start":
         canary.reset()

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 import structlog
 
@@ -40,6 +40,7 @@ __all__ = [
     "NOTICE",
     "Corpus",
     "Excerpt",
+    "Stamp",
     "degraded_answer",
     "degraded_chunks",
     "match_expression",
@@ -335,7 +336,12 @@ def _split_document(text: str, *, name: str, markdown: bool) -> list[_Section]:
         body = text.strip()
         return [_Section(name, "", body)] if body else []
     lines = _without_front_matter(text.splitlines())
-    headings: list[tuple[int, int, str]] = []  # (line index, level, text)
+    return _sections(lines, _headings(lines), name)
+
+
+def _headings(lines: list[str]) -> list[tuple[int, int, str]]:
+    """Every ATX heading outside fenced code: (line index, level, text)."""
+    headings: list[tuple[int, int, str]] = []
     fence: str | None = None
     for index, line in enumerate(lines):
         opened = _FENCE.match(line)
@@ -350,9 +356,21 @@ def _split_document(text: str, *, name: str, markdown: bool) -> list[_Section]:
         if heading:
             title_text = _CLOSING_HASHES.sub("", heading.group(2) or "").strip()
             headings.append((index, len(heading.group(1)), title_text))
+    return headings
+
+
+def _title(headings: list[tuple[int, int, str]], name: str) -> tuple[int | None, str]:
+    """The title heading's line (if any) and the document's title: the first ``# `` heading's
+    text, or else the file name."""
     first = next((heading for heading in headings if heading[1] == 1), None)
-    title_line = first[0] if first else None
-    title = (first[2] if first else "") or name
+    if first is None:
+        return None, name
+    return first[0], first[2] or name
+
+
+def _sections(lines: list[str], headings: list[tuple[int, int, str]], name: str) -> list[_Section]:
+    """The text between one heading and the next, each under its heading path."""
+    title_line, title = _title(headings, name)
     sections: list[_Section] = []
     stack: list[tuple[int, str]] = []  # (level, text) of the headings above the current line
     start = 0
@@ -497,14 +515,25 @@ def _metadata(question: str, model_alias: str, citations: list[dict[str, str]]) 
     }
 
 
+class Stamp(TypedDict, total=False):
+    """What names an answer on the wire, the same in its streamed and its whole form: ``id``
+    (``chatcmpl-tidegate-degraded`` if not given) and ``created`` (Unix seconds, 0 if not)."""
+
+    id: str
+    created: int
+
+
+def _stamp(stamp: Stamp) -> tuple[str, int]:
+    return stamp.get("id", "chatcmpl-tidegate-degraded"), stamp.get("created", 0)
+
+
 def degraded_answer(
     question: str,
     excerpts: Sequence[Excerpt],
     *,
     model_alias: str,
     output_filter: OutputFilter | None = None,
-    id: str = "chatcmpl-tidegate-degraded",
-    created: int = 0,
+    **stamp: Unpack[Stamp],
 ) -> dict[str, Any]:
     """A ``chat.completion`` whose content is :data:`NOTICE` and the numbered, cited excerpts.
 
@@ -514,6 +543,7 @@ def degraded_answer(
     reported in the ``tidegate`` field, while ``model`` says who really answered.
     """
     entries, citations = _entries(excerpts, output_filter)
+    id, created = _stamp(stamp)
     body = chat_completion(
         id=id,
         model=DEGRADED_MODEL,
@@ -532,9 +562,8 @@ def degraded_chunks(
     *,
     model_alias: str,
     output_filter: OutputFilter | None = None,
-    id: str = "chatcmpl-tidegate-degraded",
-    created: int = 0,
     include_usage: bool = False,
+    **stamp: Unpack[Stamp],
 ) -> list[dict[str, Any]]:
     """The streamed form of :func:`degraded_answer`: ``chat.completion.chunk`` dicts.
 
@@ -543,6 +572,7 @@ def degraded_chunks(
     The contents concatenate to exactly the non-streamed answer's content.
     """
     entries, citations = _entries(excerpts, output_filter)
+    id, created = _stamp(stamp)
     common: dict[str, Any] = {"id": id, "model": DEGRADED_MODEL, "created": created}
     chunks = [
         chat_chunk(**common, delta={"role": "assistant", "content": ""}),

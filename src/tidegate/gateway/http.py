@@ -6,7 +6,9 @@ handful of routes, and every microsecond it adds is latency on every model call.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from enum import Enum
 from typing import Any
 
 import orjson
@@ -21,6 +23,7 @@ __all__ = [
     "Scope",
     "Send",
     "json_bytes",
+    "plain",
     "read_body",
     "read_json",
     "request_headers",
@@ -144,6 +147,20 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 def json_bytes(value: Any) -> bytes:
     return orjson.dumps(value)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON holds it: dataclasses as objects, enums as their values, mappings with
+    string keys, tuples as lists (the admin API answers with the policies' own records)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
 
 
 def _header_list(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

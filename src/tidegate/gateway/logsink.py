@@ -12,21 +12,42 @@ exit) writes whatever is left.
 :class:`RequestLines` renders the one line every request logs straight into the sink: the same
 bytes the configured structlog chain writes for ``log.info("request", **fields)``, without the
 bound logger's per-call work in between.
+
+:func:`configure_logging` sets structlog up once per process (``tidegate serve`` and each of
+uvicorn's workers, and the app's start-up) and hands back what writes the request's line; the
+app and the server both call it, and neither imports the other for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
+import sys
 import time
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, BinaryIO
 
 import orjson
+import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 
 from tidegate.clock import Clock, SystemClock
+from tidegate.gateway.config import Config
 
-__all__ = ["FLUSH_BYTES", "RequestLines", "RoundBufferedSink", "UTCTimestamp", "flush_all"]
+__all__ = [
+    "FLUSH_BYTES",
+    "RequestLines",
+    "RoundBufferedSink",
+    "UTCTimestamp",
+    "configure_logging",
+    "flush_all",
+    "flush_logs",
+    "log_request",
+]
+
+log = structlog.get_logger("tidegate")
 
 #: Buffered bytes that trigger a write before the round ends.
 FLUSH_BYTES = 64 * 1024
@@ -148,3 +169,63 @@ class RequestLines:
         fields["event"] = "request"
         fields["level"] = "info"
         self._sink.msg(orjson.dumps(self._stamp(None, "info", fields)))
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def log_request(fields: dict[str, Any]) -> None:
+    """The request's log line through structlog (see :func:`configure_logging` for the direct
+    writer used when the line is JSON)."""
+    log.info("request", **fields)
+
+
+#: Where the JSON log lines go, once logging is configured.
+_sink: RoundBufferedSink | None = None
+
+
+def flush_logs() -> None:
+    """Write the log lines still buffered (at shutdown and at exit), in every sink."""
+    flush_all()
+
+
+atexit.register(flush_logs)
+
+
+def configure_logging(config: Config) -> Callable[[dict[str, Any]], None]:
+    """One JSON object per line on stdout (or readable key=value lines when json_lines is off).
+
+    Returns what writes the request log line: ``log.info("request", **fields)``, or the
+    :class:`RequestLines` that writes the same bytes directly when the line is JSON and ``info``
+    is logged.
+    """
+    level = getattr(logging, config.logging.level.upper())
+    stamp = UTCTimestamp()  # as TimeStamper(fmt="iso", utc=True) writes it, at less cost
+    processors: list[structlog.typing.Processor] = [structlog.processors.add_log_level, stamp]
+    factory: structlog.typing.WrappedLogger
+    direct: Callable[[dict[str, Any]], None] | None = None
+    if config.logging.json_lines:
+        # log.exception()'s traceback, as a list of frames in the line: without this the JSON
+        # line says only exc_info=true. Frames without their locals: those hold API keys
+        # (the request's headers) and prompts. The console renderer formats tracebacks itself.
+        processors.append(
+            structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+        )
+        # orjson renders bytes straight to the stream: the log line is on every request's path.
+        processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
+        # The lines of one event-loop round leave in one write (flushed at exit too).
+        global _sink
+        flush_logs()
+        factory = _sink = RoundBufferedSink(sys.stdout.buffer)
+        if level <= logging.INFO:
+            direct = RequestLines(_sink, stamp)
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        factory = structlog.PrintLoggerFactory(sys.stdout)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=factory,
+        cache_logger_on_first_use=True,
+    )
+    return direct or log_request

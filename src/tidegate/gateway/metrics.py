@@ -209,10 +209,24 @@ class Gauge(_CachedChildren, prometheus_client.Gauge):
 
 
 class Metrics:
+    """Every metric of one gateway process, on a registry of its own.
+
+    Defined a family at a time, in the order ``/metrics`` lists them (the registry's order):
+    the requests, admission, the providers, budgets and spend, the shared state, and the
+    answers given some other way than a model's first stream.
+    """
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._by_model: dict[str, tuple[Any, Any, Any]] = {}
-        r = self.registry
+        self._define_requests(self.registry)
+        self._define_admission(self.registry)
+        self._define_providers(self.registry)
+        self._define_budgets(self.registry)
+        self._define_state(self.registry)
+        self._define_rescues(self.registry)
+
+    def _define_requests(self, r: CollectorRegistry) -> None:
         self.requests = LoopCounter(
             "tidegate_requests",
             "Requests answered, by route, serving model and outcome code.",
@@ -237,6 +251,8 @@ class Metrics:
         self.in_flight = Gauge(
             "tidegate_in_flight_requests", "Requests being handled now.", registry=r
         )
+
+    def _define_admission(self, r: CollectorRegistry) -> None:
         self.queue_depth = Gauge(
             "tidegate_admission_queue_depth",
             "Requests waiting for a slot, by class.",
@@ -249,6 +265,8 @@ class Metrics:
             ["klass", "reason"],
             registry=r,
         )
+
+    def _define_providers(self, r: CollectorRegistry) -> None:
         self.breaker_state = Gauge(
             "tidegate_breaker_state",
             "Circuit breaker state per provider: 0 closed, 1 half-open, 2 open.",
@@ -279,6 +297,8 @@ class Metrics:
         self.retry_budget_denials = Counter(
             "tidegate_retry_budget_denials", "Retries the retry budget refused.", registry=r
         )
+
+    def _define_budgets(self, r: CollectorRegistry) -> None:
         self.budget_denials = Counter(
             "tidegate_budget_denials",
             "Requests blocked by a daily budget.",
@@ -297,6 +317,8 @@ class Metrics:
             ["model", "direction"],
             registry=r,
         )
+
+    def _define_state(self, r: CollectorRegistry) -> None:
         self.cache = Counter(
             "tidegate_cache_lookups", "Response cache lookups by result.", ["result"], registry=r
         )
@@ -312,6 +334,7 @@ class Metrics:
             registry=r,
         )
 
+    def _define_rescues(self, r: CollectorRegistry) -> None:
         self.stream_rescues = Counter(
             "tidegate_stream_rescues",
             "Streams that broke after the first chunk, by what rescued them (or none).",
@@ -324,7 +347,6 @@ class Metrics:
             ["provider"],
             registry=r,
         )
-
         self.degraded = Counter(
             "tidegate_degraded_answers",
             "Answers given without a model, by source (stale_cache or corpus).",

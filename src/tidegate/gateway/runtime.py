@@ -1,7 +1,9 @@
 """Everything one gateway process holds, built once from the config: the wiring, not the logic.
 
 The request logic lives in :mod:`tidegate.gateway.pipeline`; every decision in it is made by an
-object from :mod:`tidegate.policy` that this module constructs from the config.
+object from :mod:`tidegate.policy`. :func:`build_runtime` puts one process together from the
+parts :mod:`tidegate.gateway.build` makes from the config (the routes come from
+:mod:`tidegate.gateway.routes`, the shared flags' reload from :mod:`tidegate.gateway.flags`).
 """
 
 from __future__ import annotations
@@ -12,47 +14,72 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import aiohttp
 import structlog
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, DeadlineExceeded, ProviderError, StoreError
-from tidegate.gateway.auth import Identity, KeyRing
+from tidegate.gateway.auth import AdminKeys, Identity, KeyRing
+from tidegate.gateway.build import (
+    admin_keys_from,
+    admission_options_from,
+    breakers_for,
+    bucket_options,
+    budget_options_from,
+    canaries_from,
+    check_config_against_policies,
+    corpus_from,
+    flag_specs,
+    fleet_flight_from,
+    fleet_retry_budget_from,
+    keys_from,
+    open_stores,
+    output_filter_from,
+    providers_from,
+    retry_budget_from,
+    retry_policy_from,
+    upstream_session,
+    with_leases,
+)
 from tidegate.gateway.canary import Canary, canary_flag_specs
-from tidegate.gateway.config import Config, Price, ProviderConfig, resolve
+from tidegate.gateway.config import Config, Price, ProviderConfig
 from tidegate.gateway.degraded import Corpus
-
-if TYPE_CHECKING:
-    from tidegate.gateway.admin import AdminKeys
-    from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
+from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
+from tidegate.gateway.routes import Route, routes_from, version_routes_from
 from tidegate.gateway.tracing import Tracing
-from tidegate.policy.admission import AdmissionController, AdmissionOptions, Ticket, TicketState
+from tidegate.policy.admission import AdmissionController, Ticket, TicketState
 from tidegate.policy.attempts import AttemptEvent, AttemptPolicy, RetryPlanned, RetryRefused
-from tidegate.policy.breaker import (
-    BreakerEvent,
-    BreakerOptions,
-    BreakerState,
-    CircuitBreaker,
-    CircuitClosed,
-    CircuitHalfOpened,
-    CircuitOpened,
-)
-from tidegate.policy.budget import BudgetOptions, Quota
+from tidegate.policy.breaker import BreakerState, CircuitBreaker
+from tidegate.policy.budget import BudgetOptions
 from tidegate.policy.deadline import Deadline
-from tidegate.policy.flags import FlagSet, FlagSpec
+from tidegate.policy.flags import FlagSet
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
-from tidegate.policy.retry import Jitter, RetryBudget, RetryOptions
-from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan, plan_route, retry_same
+from tidegate.policy.retry import RetryBudget, RetryOptions
+from tidegate.policy.routing import FailoverOptions, retry_same
 from tidegate.providers.base import Provider
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
-from tidegate.state.url import Stores, store_from_urls
+from tidegate.state.url import Stores
 from tidegate.state.verdicts import read_latest_verdicts, verdict_store_for
 
-__all__ = ["AdmissionGate", "Flight", "Route", "Runtime", "build_provider"]
+if TYPE_CHECKING:
+    from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
+
+__all__ = [
+    "AdmissionGate",
+    "Flight",
+    "Overrides",
+    "Route",
+    "Runtime",
+    "build_runtime",
+    "close_runtime",
+    "expire_leases",
+    "refresh_flags",
+    "refresh_verdicts",
+]
 
 #: What a single-flight leader hands its followers: body, served_by, served model, usage.
 Flight = tuple[bytes, str, str, dict[str, int]]
@@ -60,46 +87,6 @@ Flight = tuple[bytes, str, str, dict[str, int]]
 log = structlog.get_logger("tidegate")
 
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
-
-
-#: Route plans a route remembers (combinations of data class, approved fallbacks and open
-#: breakers) before it forgets them all.
-PLANS_REMEMBERED = 1024
-
-
-@dataclass(frozen=True)
-class Route:
-    """A model alias and the providers it routes to, in order."""
-
-    alias: str
-    specs: tuple[ProviderSpec, ...]
-    per_try_timeout_s: float
-
-    #: Plans by (data class, approved fallbacks, open breakers): see :meth:`plan`.
-    _plans: dict[tuple[str, frozenset[str], frozenset[str]], RoutePlan] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-    def limit(self, spec: ProviderSpec) -> float:
-        """The time one attempt on the route may take (the same for each of its providers)."""
-        return self.per_try_timeout_s
-
-    def plan(
-        self, data_class: str, approved: frozenset[str], open_breakers: frozenset[str]
-    ) -> RoutePlan:
-        """The route's plan for these inputs (:func:`~tidegate.policy.routing.plan_route`),
-        worked out once per combination and then remembered: ``plan_route`` checks its inputs
-        and builds the plan, about 80 bytecodes a request (``benchmarks/opcodes.py``), for the
-        few combinations a route meets."""
-        key = (data_class, approved, open_breakers)
-        known = self._plans.get(key)
-        if known is None:
-            if len(self._plans) >= PLANS_REMEMBERED:
-                self._plans.clear()
-            known = self._plans[key] = plan_route(
-                self.specs, data_class=data_class, approved=approved, open_breakers=open_breakers
-            )
-        return known
 
 
 class AdmissionGate:
@@ -161,39 +148,6 @@ class AdmissionGate:
         """Queue depths into the gauges: done when /metrics is scraped, not on every request."""
         for klass in self.controller.options.classes:
             self._metrics.queue_depth.labels(klass).set(self.controller.depth(klass))
-
-
-def build_provider(
-    name: str,
-    cfg: ProviderConfig,
-    *,
-    session: aiohttp.ClientSession,
-    config_path: Path,
-    clock: SystemClock,
-) -> Provider:
-    """One provider instance from its config section."""
-    api_key = None
-    if cfg.api_key_file is not None:
-        path = resolve(config_path, cfg.api_key_file)
-        try:
-            api_key = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"providers.{name}.api_key_file: cannot read {str(path)!r} ({exc.strerror})"
-            ) from None
-    if cfg.type == "openai":
-        from tidegate.providers.openai import OpenAIProvider
-
-        assert cfg.base_url is not None
-        return OpenAIProvider(name, cfg.base_url, api_key, session)
-    if cfg.type == "anthropic":
-        from tidegate.providers.anthropic import AnthropicProvider
-
-        assert cfg.base_url is not None
-        return AnthropicProvider(name, cfg.base_url, api_key, session)
-    from tidegate.providers.fake import FakeProvider
-
-    return FakeProvider.from_script(cfg.fake or {}, name=name, sleep=clock.asleep, clock=clock)
 
 
 @dataclass
@@ -341,179 +295,54 @@ class Runtime:
         return identity.priority
 
 
-def retry_policy_from(config: Config) -> RetryOptions:
-    r = config.retry
-    return RetryOptions(
-        attempts=r.attempts, base=r.base_s, factor=r.factor, cap=r.cap_s, jitter=Jitter(r.jitter)
-    )
+class Overrides(TypedDict, total=False):
+    """What :func:`build_runtime` takes besides the config: the image's git sha (``/version``
+    answers it), and the parts tests and tools bring instead of those the config would make: a
+    manual clock and its sleep, a seeded rng, stores, fake providers or the session for real
+    ones, a tracer provider that keeps its spans."""
 
-
-def admission_options_from(config: Config) -> AdmissionOptions:
-    a = config.admission
-    return AdmissionOptions(
-        classes=a.classes,
-        slots=a.slots,
-        queue_cap=a.queue_cap,
-        tenant_max_in_flight=a.tenant_max_in_flight,
-        tenant_max_waiting=a.tenant_max_waiting,
-        mode=a.mode,
-        service_rate=a.service_rate,
-        dequeue=a.dequeue,
-        weights=a.weights,
-        priority_at_admission=a.priority_at_admission,
-        conditional_priority=a.conditional_priority,
-        initial_service_time=a.initial_service_time_s,
-        drop_expired_at_dequeue=a.drop_expired_at_dequeue,
-    )
-
-
-def breaker_options_from(config: Config) -> BreakerOptions:
-    b = config.breaker
-    return BreakerOptions(
-        consecutive_failures=b.consecutive_failures,
-        failure_rate=b.failure_rate,
-        window=b.window_s,
-        minimum_calls=b.minimum_calls,
-        recovery=b.recovery_s,
-        recovery_jitter=b.recovery_jitter,
-    )
-
-
-def budget_options_from(config: Config) -> BudgetOptions | None:
-    b = config.budgets
-    if b is None:
-        return None
-    return BudgetOptions(
-        quota=Quota(calls=b.calls, tokens=b.tokens, cost=b.cost_usd), degrade_at=b.degrade_at
-    )
-
-
-def check_config_against_policies(config: Config) -> None:
-    """Build every policy's options once so a bad combination refuses to start, naming it."""
-    builders: list[tuple[str, Callable[[Config], object]]] = [
-        ("retry", retry_policy_from),
-        ("admission", admission_options_from),
-        ("breaker", breaker_options_from),
-        ("budgets", budget_options_from),
-    ]
-    for section, build in builders:
-        try:
-            build(config)
-        except ValueError as exc:
-            raise ConfigError(f"{section}: {exc}") from None
-
-
-def _bucket(cfg: Any) -> BucketOptions | None:
-    return None if cfg is None else BucketOptions(rate=cfg.rate_per_s, burst=cfg.burst)
+    clock: Clock
+    sleep: Callable[[float], Awaitable[None]]
+    rng: random.Random
+    stores: Stores
+    providers: dict[str, Provider]
+    session: aiohttp.ClientSession
+    git_sha: str
+    tracer_provider: Any
 
 
 async def build_runtime(
-    config: Config,
-    config_path: Path,
-    *,
-    clock: Clock | None = None,
-    sleep: Callable[[float], Awaitable[None]] | None = None,
-    rng: random.Random | None = None,
-    stores: Stores | None = None,
-    providers: dict[str, Provider] | None = None,
-    session: aiohttp.ClientSession | None = None,
-    git_sha: str = "unknown",
-    tracer_provider: Any = None,
+    config: Config, config_path: Path, **overrides: Unpack[Overrides]
 ) -> Runtime:
-    """Construct one process's runtime. Tests may pass their own clock, stores and providers."""
+    """Construct one process's runtime, each part by its builder in :mod:`.build`.
+
+    The policies' options, the flags, the canaries, the output filter and the keys are checked
+    before the stores are opened (the corpus and the admin keys are read after them). The
+    shared flags and the eval-gate verdicts are loaded before it returns.
+    """
     check_config_against_policies(config)
-    # Validate everything that can fail before opening anything.
-    tracing = Tracing.from_config(config.tracing, provider=tracer_provider)
+    # Validate what can fail cheaply before opening anything.
+    tracing = Tracing.from_config(config.tracing, provider=overrides.get("tracer_provider"))
     specs = flag_specs(config) + canary_flag_specs(config)
-    canaries = {
-        alias: Canary.from_config(alias, route.canary)
-        for alias, route in config.models.items()
-        if route.canary is not None
-    }
-    try:
-        output_filter = OutputFilter(config.output.deny_patterns, config.output.replacement)
-    except ValueError as exc:
-        raise ConfigError(f"output.deny_patterns: {exc}") from None
+    canaries = canaries_from(config)
+    output_filter = output_filter_from(config)
     system = SystemClock()
-    clock = clock or system
-    rng = rng or random.Random()
-    config_dir = config_path
-    keys = KeyRing({})
-    if config.auth.keys_file is not None:
-        keys = KeyRing.from_file(
-            resolve(config_dir, config.auth.keys_file), classes=config.admission.classes
-        )
+    clock = overrides.get("clock") or system
+    rng = overrides.get("rng") or random.Random()
+    keys = keys_from(config, config_path)
+    stores = overrides.get("stores")
     if stores is None:
-        stores = await store_from_urls(
-            durable=config.state.url,
-            fast=config.state.fast_url,
-            clock=clock,
-            timeout_s=config.state.timeout_s,
-        )
-    leases = config.state.leases
-    if leases.max_chunk > 1:
-        max_chunk, hold_s, wait_s = leases.max_chunk, leases.hold_s, config.state.timeout_s
-        stores.buckets = LeasedBuckets(
-            stores.buckets, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
-        )
-        stores.quotas = LeasedQuotas(
-            stores.quotas, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
-        )
+        stores = await open_stores(config, clock)
+    with_leases(stores, config, clock)
+    session, providers = overrides.get("session"), overrides.get("providers")
     if providers is None:
         if session is None:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(total=None),
-            )
-        providers = {
-            name: build_provider(name, cfg, session=session, config_path=config_dir, clock=system)
-            for name, cfg in config.providers.items()
-        }
-    breaker_options = breaker_options_from(config)
+            session = upstream_session()
+        providers = providers_from(config, config_path, session, system)
     metrics = Metrics()
-    breakers = {
-        name: CircuitBreaker(
-            name, breaker_options, clock=clock, rng=rng, on_event=_count_transitions(metrics)
-        )
-        for name in providers
-    }
-
-    def route_of(alias: str, names: tuple[str, ...], per_try: float) -> Route:
-        specs = tuple(
-            ProviderSpec(
-                name,
-                frozenset(config.providers[name].data_classes),
-                config.providers[name].context_window,
-            )
-            for name in names
-        )
-        return Route(alias, specs, per_try)
-
-    routes = {
-        alias: route_of(alias, route.providers, route.per_try_timeout_s)
-        for alias, route in config.models.items()
-    }
-    version_routes = {
-        (alias, name): route_of(alias, version.providers, route.per_try_timeout_s)
-        for alias, route in config.models.items()
-        if route.canary is not None
-        for name, version in (
-            ("baseline", route.canary.baseline),
-            ("candidate", route.canary.candidate),
-        )
-        if version.providers
-    }
-    corpus = None
-    degraded = config.degraded
-    if degraded.corpus_dir is not None:
-        corpus = Corpus.build(
-            resolve(config_dir, degraded.corpus_dir),
-            excerpt_chars=degraded.excerpt_chars,
-            max_file_bytes=degraded.max_file_bytes,
-        )
     runtime = Runtime(
         config=config,
-        config_path=config_dir,
+        config_path=config_path,
         clock=clock,
         rng=rng,
         metrics=metrics,
@@ -521,81 +350,35 @@ async def build_runtime(
         stores=stores,
         providers=providers,
         provider_configs=dict(config.providers),
-        breakers=breakers,
-        routes=routes,
+        breakers=breakers_for(providers, config, clock, rng, metrics),
+        routes=routes_from(config),
+        version_routes=version_routes_from(config),
+        corpus=corpus_from(config, config_path),
         retry_policy=retry_policy_from(config),
-        retry_budget=RetryBudget(
-            clock,
-            ratio=config.retry.budget_ratio,
-            min_retries_per_second=config.retry.budget_floor_per_s,
-        ),
+        retry_budget=retry_budget_from(config, clock),
         failover=FailoverOptions(retry_timeouts=config.retry.retry_timeouts_on_same_provider),
         admission=AdmissionGate(
             AdmissionController(admission_options_from(config), clock), metrics
         ),
         flags=FlagSet(specs, clock),
-        user_bucket=_bucket(config.rate_limits.per_user),
-        tenant_bucket=_bucket(config.rate_limits.per_tenant),
+        user_bucket=bucket_options(config.rate_limits.per_user),
+        tenant_bucket=bucket_options(config.rate_limits.per_tenant),
         budget=budget_options_from(config),
         prices=dict(config.prices),
         output_filter=output_filter,
-        corpus=corpus,
         canaries=canaries,
-        version_routes=version_routes,
         tracing=tracing,
-        sleep=sleep if sleep is not None else getattr(clock, "asleep", system.asleep),
+        sleep=overrides.get("sleep", getattr(clock, "asleep", system.asleep)),
         session=session,
-        git_sha=git_sha,
+        git_sha=overrides.get("git_sha", "unknown"),
+        fleet_retry_budget=fleet_retry_budget_from(stores, config),
+        fleet_flight=fleet_flight_from(stores, config),
+        admin_keys=admin_keys_from(config, config_path),
     )
-    if stores.redis is not None:
-        from tidegate.state.redis import RedisRetryBudgetCounter, RedisSingleFlight
-
-        # Retries across the fleet stay within one shared budget, beside each process's own.
-        runtime.fleet_retry_budget = RedisRetryBudgetCounter(
-            stores.redis,
-            "gateway",
-            ratio=config.retry.budget_ratio,
-            min_retries_per_second=config.retry.budget_floor_per_s,
-        )
-        # Identical requests on different replicas share one upstream call, through Redis.
-        runtime.fleet_flight = RedisSingleFlight(
-            stores.redis,
-            lease_s=config.server.request_timeout_s + 5.0,
-            wait_s=config.server.request_timeout_s,
-        )
-    if config.auth.admin_keys_file is not None:
-        from tidegate.gateway.admin import AdminKeys
-
-        runtime.admin_keys = AdminKeys.from_file(resolve(config_dir, config.auth.admin_keys_file))
     await refresh_flags(runtime)
     refresh_verdicts(runtime)
     runtime.refresh_breaker_metrics()
     return runtime
-
-
-def flag_specs(config: Config) -> list[FlagSpec]:
-    """The flags this deployment defines (``answer.mode`` is built in)."""
-    types: dict[str, type[bool] | type[int] | type[float] | type[str]] = {
-        "bool": bool,
-        "int": int,
-        "float": float,
-        "str": str,
-    }
-    specs = []
-    for flag in config.flags:
-        try:
-            specs.append(
-                FlagSpec(
-                    flag.name,
-                    types[flag.type],
-                    flag.default,
-                    flag.description,
-                    choices=None if flag.choices is None else frozenset(flag.choices),
-                )
-            )
-        except ValueError as exc:
-            raise ConfigError(f"flags.{flag.name}: {exc}") from None
-    return specs
 
 
 async def expire_leases(runtime: Runtime, *, flush: bool = False) -> None:
@@ -614,17 +397,6 @@ async def expire_leases(runtime: Runtime, *, flush: bool = False) -> None:
             log.warning("lease_settle_failed", store=store, error=str(exc))
 
 
-async def refresh_flags(runtime: Runtime) -> None:
-    """Load the shared flag values into this process's FlagSet (unknown flags are kept aside)."""
-    try:
-        values = await runtime.stores.flags.values()
-    except StoreError as exc:
-        runtime.metrics.store_errors.labels("flags", "keep_last").inc()
-        log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
-        return
-    runtime.flags.restore({"version": 1, "values": values, "history": []})
-
-
 def _count_attempt_events(metrics: Metrics) -> Callable[[AttemptEvent], None]:
     """Count the attempts policy's retries, refused retries and failovers."""
 
@@ -635,18 +407,6 @@ def _count_attempt_events(metrics: Metrics) -> Callable[[AttemptEvent], None]:
             metrics.retry_budget_denials.inc()
         else:
             metrics.failovers.labels(event.from_provider, event.kind.value).inc()
-
-    return on_event
-
-
-def _count_transitions(metrics: Metrics) -> Callable[[BreakerEvent], None]:
-    """Count each breaker's state changes by the state it moved to."""
-    moved = {CircuitOpened: "open", CircuitHalfOpened: "half_open", CircuitClosed: "closed"}
-
-    def on_event(event: BreakerEvent) -> None:
-        to = moved.get(type(event))
-        if to is not None:
-            metrics.breaker_transitions.labels(event.name, to).inc()
 
     return on_event
 

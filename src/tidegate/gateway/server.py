@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import orjson
-import structlog
 import uvicorn
-from structlog.tracebacks import ExceptionDictTransformer
 
-from tidegate.gateway.app import Gateway, log_request
+from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
-from tidegate.gateway.logsink import RequestLines, RoundBufferedSink, UTCTimestamp, flush_all
+from tidegate.gateway.logsink import configure_logging, flush_logs
 from tidegate.gateway.protocol import GuardedHttpToolsProtocol
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
@@ -43,57 +36,6 @@ def git_sha() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
-
-
-#: Where the JSON log lines go, once logging is configured.
-_sink: RoundBufferedSink | None = None
-
-
-def flush_logs() -> None:
-    """Write the log lines still buffered (at shutdown and at exit), in every sink."""
-    flush_all()
-
-
-atexit.register(flush_logs)
-
-
-def configure_logging(config: Config) -> Callable[[dict[str, Any]], None]:
-    """One JSON object per line on stdout (or readable key=value lines when json_lines is off).
-
-    Returns what writes the request log line: ``log.info("request", **fields)``, or the
-    :class:`RequestLines` that writes the same bytes directly when the line is JSON and ``info``
-    is logged.
-    """
-    level = getattr(logging, config.logging.level.upper())
-    stamp = UTCTimestamp()  # as TimeStamper(fmt="iso", utc=True) writes it, at less cost
-    processors: list[structlog.typing.Processor] = [structlog.processors.add_log_level, stamp]
-    factory: structlog.typing.WrappedLogger
-    direct: Callable[[dict[str, Any]], None] | None = None
-    if config.logging.json_lines:
-        # log.exception()'s traceback, as a list of frames in the line: without this the JSON
-        # line says only exc_info=true. Frames without their locals: those hold API keys
-        # (the request's headers) and prompts. The console renderer formats tracebacks itself.
-        processors.append(
-            structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
-        )
-        # orjson renders bytes straight to the stream: the log line is on every request's path.
-        processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
-        # The lines of one event-loop round leave in one write (flushed at exit too).
-        global _sink
-        flush_logs()
-        factory = _sink = RoundBufferedSink(sys.stdout.buffer)
-        if level <= logging.INFO:
-            direct = RequestLines(_sink, stamp)
-    else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
-        factory = structlog.PrintLoggerFactory(sys.stdout)
-    structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=factory,
-        cache_logger_on_first_use=True,
-    )
-    return direct or log_request
 
 
 def app_from_env() -> Gateway:

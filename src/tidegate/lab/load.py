@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidegate.lab import theory
 from tidegate.lab.engine import Fleet, Traffic, simulate
 from tidegate.lab.report import Report
+from tidegate.lab.theory import mmc, mmck
 from tidegate.lab.workload import Distribution, Exponential, Poisson
 from tidegate.policy.admission import AdmissionOptions
 
@@ -96,14 +96,14 @@ def theory_for(rate: float, fleet: Fleet) -> TheoryPoint | None:
     if cap is None:
         if lam >= slots * mu:
             return None
-        result = theory.mmc(lam, mu, slots)
+        result = mmc(lam, mu, slots)
         return TheoryPoint(
             shed_share=0.0,
             in_system=workers * result.mean_in_system,
             time_in_system=result.mean_response,
             throughput=rate,
         )
-    finite = theory.mmck(lam, mu, slots, slots + cap)
+    finite = mmck(lam, mu, slots, slots + cap)
     return TheoryPoint(
         shed_share=finite.p_block,
         in_system=workers * finite.mean_in_system,

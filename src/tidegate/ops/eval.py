@@ -42,9 +42,9 @@ import aiohttp
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, ProviderError
+from tidegate.gateway.build import build_provider
 from tidegate.gateway.canary import apply_version
 from tidegate.gateway.config import Config
-from tidegate.gateway.runtime import build_provider
 from tidegate.providers.base import JSONObject, Provider
 from tidegate.state.sqlite import SQLiteDatabase
 from tidegate.state.verdicts import (

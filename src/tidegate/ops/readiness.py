@@ -40,7 +40,7 @@ import re
 import shlex
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -55,6 +55,7 @@ from structlog.testing import capture_logs
 from tidegate.errors import ConfigError, StoreError
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.auth import hash_key
+from tidegate.gateway.build import admission_options_from
 from tidegate.gateway.config import (
     AuthConfig,
     Config,
@@ -65,10 +66,11 @@ from tidegate.gateway.config import (
     resolve,
 )
 from tidegate.gateway.http import Message, Receive, Scope, Send
-from tidegate.gateway.runtime import admission_options_from, build_runtime
+from tidegate.gateway.runtime import build_runtime
 from tidegate.lab.engine import Fleet, Traffic, simulate
 from tidegate.lab.gameday import load_scenario, run_release
 from tidegate.lab.workload import Deterministic, Poisson, parse_distribution
+from tidegate.ops.dockerfile import assignments, parse_dockerfile, stages_of, substitute
 from tidegate.ops.envs import check_envs, looks_like_secret
 from tidegate.ops.eval import (
     EvalVerdict,
@@ -104,7 +106,6 @@ __all__ = [
     "RULES",
     "CheckResult",
     "Deployed",
-    "Instruction",
     "ReadinessInputs",
     "Status",
     "check_config",
@@ -123,7 +124,6 @@ __all__ = [
     "format_result",
     "image_problem",
     "is_ready",
-    "parse_dockerfile",
     "read_deployments",
     "readiness_command",
     "run_readiness",
@@ -276,166 +276,6 @@ def check_environments(envs: Path | None) -> CheckResult:
 # --------------------------------------------------------------------------- the Dockerfile
 
 
-@dataclass(frozen=True, slots=True)
-class Instruction:
-    """One Dockerfile instruction: keyword (upper case), arguments, first line, stage index."""
-
-    keyword: str
-    args: str
-    line: int
-    stage: int
-
-
-_DIRECTIVE = re.compile(r"#\s*([A-Za-z]+)\s*=\s*(\S+)\s*")
-# ``<<EOF`` or ``<<-"EOF"``, but not a here-string (``<<<``).
-_HEREDOC = re.compile(r"(?<!<)<<-?(?!<)\s*[\"']?([A-Za-z_][A-Za-z0-9_]*)[\"']?")
-
-
-def parse_dockerfile(text: str) -> list[Instruction]:
-    """The instructions of a Dockerfile: continuations joined, comments and heredoc bodies
-    dropped, each numbered by its stage (``FROM`` starts the next, from 0)."""
-    lines = text.splitlines()
-    escape = "\\"
-    for raw in lines:
-        directive = _DIRECTIVE.fullmatch(raw.strip())
-        if directive is None:
-            break
-        if directive.group(1).lower() == "escape":
-            escape = directive.group(2)
-    instructions: list[Instruction] = []
-    stage = -1
-    index = 0
-    while index < len(lines):
-        first = index + 1
-        current = lines[index].strip()
-        index += 1
-        if not current or current.startswith("#"):
-            continue
-        parts = []
-        while current.endswith(escape):
-            parts.append(current[: -len(escape)])
-            while index < len(lines) and (
-                not lines[index].strip() or lines[index].strip().startswith("#")
-            ):
-                index += 1
-            if index >= len(lines):
-                current = ""
-                break
-            current = lines[index].strip()
-            index += 1
-        parts.append(current)
-        whole = " ".join(p.strip() for p in parts if p.strip())
-        keyword, _, args = whole.partition(" ")
-        keyword = keyword.upper()
-        if keyword in ("RUN", "COPY", "ADD"):
-            for marker in _HEREDOC.findall(args):
-                while index < len(lines) and lines[index].strip() != marker:
-                    index += 1
-                index += 1
-        if keyword == "FROM":
-            stage += 1
-        instructions.append(Instruction(keyword, " ".join(args.split()), first, stage))
-    return instructions
-
-
-_VARIABLE = re.compile(
-    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))"
-)
-
-
-def _substitute(text: str, values: Mapping[str, str]) -> str:
-    """``$VAR``, ``${VAR}``, ``${VAR:-default}`` and ``${VAR:+alt}`` from ``values``; an unknown
-    variable with no default is left as written."""
-
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(4)
-        operator, word = match.group(2), match.group(3) or ""
-        value = values.get(name)
-        if operator in ("-", ":-"):
-            return value if value else word
-        if operator in ("+", ":+"):
-            return word if value else ""
-        return match.group(0) if value is None else value
-
-    return _VARIABLE.sub(one, text)
-
-
-def _assignments(keyword: str, args: str) -> list[tuple[str, str | None]]:
-    """``(name, value)`` pairs of an ``ENV`` or ``ARG`` (``None``: an ARG with no default)."""
-    try:
-        words = shlex.split(args)
-    except ValueError:
-        words = args.split()
-    if not words:
-        return []
-    if keyword == "ENV" and "=" not in words[0]:
-        return [(words[0], " ".join(words[1:]))]  # the old ``ENV NAME value`` form
-    pairs: list[tuple[str, str | None]] = []
-    for word in words:
-        name, equals, value = word.partition("=")
-        pairs.append((name, value if equals else None))
-    return pairs
-
-
-@dataclass
-class _Stage:
-    image: str
-    alias: str | None
-    line: int
-    instructions: list[Instruction] = field(default_factory=list)
-    parent: _Stage | None = None
-
-
-def _stages(instructions: Sequence[Instruction]) -> list[_Stage]:
-    global_args: dict[str, str] = {}
-    stages: list[_Stage] = []
-    for ins in instructions:
-        if ins.keyword == "FROM":
-            words = [w for w in ins.args.split() if not w.startswith("--")]
-            image = _substitute(words[0], global_args) if words else ""
-            alias = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
-            parent = next(
-                (s for s in stages if s.alias is not None and s.alias.lower() == image.lower()),
-                None,
-            )
-            stages.append(_Stage(image, alias, ins.line, parent=parent))
-        elif not stages:
-            if ins.keyword == "ARG":
-                global_args.update(
-                    (k, v) for k, v in _assignments("ARG", ins.args) if v is not None
-                )
-        else:
-            stages[-1].instructions.append(ins)
-    return stages
-
-
-def _last(stage: _Stage, keyword: str) -> Instruction | None:
-    """The last ``keyword`` in ``stage``, or inherited from the stage it was built ``FROM``."""
-    node: _Stage | None = stage
-    while node is not None:
-        found = [i for i in node.instructions if i.keyword == keyword]
-        if found:
-            return found[-1]
-        node = node.parent
-    return None
-
-
-def _stage_values(stage: _Stage) -> dict[str, str]:
-    values: dict[str, str] = {}
-    chain: list[_Stage] = []
-    node: _Stage | None = stage
-    while node is not None:
-        chain.append(node)
-        node = node.parent
-    for link in reversed(chain):
-        for ins in link.instructions:
-            if ins.keyword in ("ENV", "ARG"):
-                values.update(
-                    (k, v) for k, v in _assignments(ins.keyword, ins.args) if v is not None
-                )
-    return values
-
-
 def image_problem(image: str) -> tuple[Severity, str] | None:
     """Why a base image reference is not pinned (an error) or only loosely (a warning)."""
     if "$" in image:
@@ -499,7 +339,7 @@ def _secret_value(value: str) -> str | None:
 def dockerfile_findings(text: str, shown: str = "Dockerfile") -> list[Finding]:
     """Every ``DKR...`` finding of a Dockerfile's text."""
     instructions = parse_dockerfile(text)
-    stages = _stages(instructions)
+    stages = stages_of(instructions)
     if not stages:
         return [RULES["DKR001"].finding("no FROM: not a Dockerfile", shown)]
     findings: list[Finding] = []
@@ -512,7 +352,7 @@ def dockerfile_findings(text: str, shown: str = "Dockerfile") -> list[Finding]:
             rule = RULES["DKR004"] if severity is E else RULES["DKR006"]
             findings.append(rule.finding(message, f"{shown}:{stage.line}"))
     final = stages[-1]
-    user = _last(final, "USER")
+    user = final.last("USER")
     if user is None:
         findings.append(
             RULES["DKR002"].finding(
@@ -520,7 +360,7 @@ def dockerfile_findings(text: str, shown: str = "Dockerfile") -> list[Finding]:
             )
         )
     else:
-        who = _substitute(user.args, _stage_values(final)).split(":", 1)[0].strip()
+        who = substitute(user.args, final.values()).split(":", 1)[0].strip()
         if "$" in who:
             findings.append(
                 RULES["DKR002"].finding(
@@ -534,7 +374,7 @@ def dockerfile_findings(text: str, shown: str = "Dockerfile") -> list[Finding]:
                     f"USER {user.args}: the gateway runs as root", f"{shown}:{user.line}"
                 )
             )
-    check = _last(final, "HEALTHCHECK")
+    check = final.last("HEALTHCHECK")
     if check is None:
         findings.append(
             RULES["DKR003"].finding(
@@ -552,7 +392,7 @@ def dockerfile_findings(text: str, shown: str = "Dockerfile") -> list[Finding]:
     for ins in instructions:
         if ins.keyword not in ("ENV", "ARG"):
             continue
-        for name, value in _assignments(ins.keyword, ins.args):
+        for name, value in assignments(ins.keyword, ins.args):
             where = f"{shown}:{ins.line}"
             if _secret_name(name):
                 findings.append(
@@ -586,9 +426,9 @@ def check_container_image(dockerfile: Path | None) -> CheckResult:
     findings = dockerfile_findings(text, str(dockerfile))
     if has_errors(findings):
         return _from_findings(name, findings, "")
-    stages = _stages(parse_dockerfile(text))
+    stages = stages_of(parse_dockerfile(text))
     final = stages[-1]
-    user = _last(final, "USER")
+    user = final.last("USER")
     bases = sorted({s.image for s in stages if s.parent is None and s.image.lower() != "scratch"})
     clean = (
         f"non-root USER {user.args if user else '?'}, HEALTHCHECK, pinned "
