@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -371,3 +373,10 @@ def test_properties_of_every_call(
     retries = sum(isinstance(e, RetryPlanned) for e in rig.events)
     first_tries = len(permits) - retries
     assert retries <= ratio * first_tries
+
+
+def test_the_docs_example_runs() -> None:
+    """The python block of docs/policies/attempts.md executes and its assertions hold."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "policies" / "attempts.md"
+    (block,) = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+    exec(compile(block, str(page), "exec"), {})

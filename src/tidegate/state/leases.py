@@ -70,6 +70,7 @@ from tidegate.clock import Clock
 from tidegate.errors import StoreError
 from tidegate.ids import new_id
 from tidegate.policy.budget import (
+    DAY_SECONDS,
     BudgetDecision,
     BudgetOptions,
     BudgetVerdict,
@@ -474,10 +475,15 @@ class _BudgetLease:
     used_cost: float = 0.0
     #: Requests drawn and not yet settled.
     open: int = 0
+    #: The wall-clock instant the lease's day ends: no draws from then on.
+    day_ends: float = 0.0
     #: No new draws; closes once ``open`` is 0.
     retired: bool = False
     #: The store is being told (a rebase is under way): closing waits for it.
     rebasing: bool = False
+
+    def __post_init__(self) -> None:
+        self.day_ends = float((self.day + 1) * DAY_SECONDS)
 
     def draw(self, subject: str, estimate: Cost) -> Reservation:
         """A reservation of ``estimate`` for one request, held by the lease."""
@@ -569,7 +575,7 @@ class LeasedQuotas(_Leased[QuotaStore, _Reserve, _Decided]):
         if not (
             lease.options is options
             and now < lease.expires
-            and lease.day == day_number(self._wall())
+            and self._wall() < lease.day_ends
             and estimate.calls <= amount.calls - lease.held_calls - lease.used_calls
             and estimate.tokens <= amount.tokens - lease.held_tokens - lease.used_tokens
             and estimate.cost <= amount.cost - lease.held_cost - lease.used_cost

@@ -17,7 +17,7 @@ effect: a retry recomputes the same vectors), ``cache`` (vectors are not kept) a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Final
 
 from tidegate.gateway.http import Send
@@ -85,15 +85,18 @@ EMBEDDINGS: Final = Pipeline(
 )
 
 
-async def chat_completions(
+def chat_completions(
     rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
-) -> None:
-    """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx."""
-    await run(CHAT, Request(rt, ex, headers, body, send))
+) -> Awaitable[None]:
+    """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx.
+
+    It hands back the pipeline's coroutine rather than awaiting it in a level of its own: every
+    suspension of the upstream call passes through each level."""
+    return run(CHAT, Request(rt, ex, headers, body, send))
 
 
-async def embeddings(
+def embeddings(
     rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
-) -> None:
+) -> Awaitable[None]:
     """Answer one embeddings request; every error becomes its 4xx/5xx."""
-    await run(EMBEDDINGS, Request(rt, ex, headers, body, send))
+    return run(EMBEDDINGS, Request(rt, ex, headers, body, send))

@@ -57,9 +57,7 @@ async def run(pipeline: Pipeline, request: Request) -> None:
     try:
         for step in pipeline.runs:
             done = step(request)
-            if done is False:
-                continue
-            if done is True or await done:
+            if done and (done is True or await done):
                 return
     except asyncio.CancelledError:
         request.ex.outcome, request.ex.status = "client_closed", 499

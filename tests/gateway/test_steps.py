@@ -1,0 +1,198 @@
+"""The request path's steps: the order stated once (the tuple, the package docstring and
+docs/ARCHITECTURE.md agree), and each step run alone on a manual clock with ``memory://`` state."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.gateway.harness import KEY, fake, write_config
+from tidegate.clock import ManualClock
+from tidegate.errors import (
+    BudgetExceeded,
+    CircuitOpen,
+    Forbidden,
+    InvalidRequest,
+    ModelNotFound,
+    RateLimited,
+    Unavailable,
+)
+from tidegate.gateway import pipeline
+from tidegate.gateway.config import load_config
+from tidegate.gateway.pipeline import CHAT, EMBEDDINGS, Exchange, Request
+from tidegate.gateway.pipeline.budget import reserve_chat
+from tidegate.gateway.pipeline.flags import kill_switch
+from tidegate.gateway.pipeline.identify import identify, identify_chat
+from tidegate.gateway.pipeline.limits import rate_limit
+from tidegate.gateway.pipeline.route import plan
+from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime
+from tidegate.policy.flags import ANSWER_MODE
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
+
+
+def test_the_documented_order_is_the_tuple() -> None:
+    """docs/ARCHITECTURE.md lists the chat steps in the tuple's order, by the tuple's names."""
+    text = DOCS.read_text(encoding="utf-8")
+    section = text[text.index("`POST /v1/chat/completions`:") :]
+    listed = re.findall(r"^\d+\. \*\*`(\w+)`\*\*", section, re.MULTILINE)
+    assert tuple(listed) == CHAT.names()
+
+
+def test_the_package_docstring_states_the_same_order() -> None:
+    """The package docstring's arrow line is the tuple's order."""
+    assert pipeline.__doc__ is not None
+    line = " ".join(pipeline.__doc__.split("\n\n")[2].split())
+    assert tuple(line.split(" → ")) == CHAT.names()
+
+
+def test_embeddings_are_the_chat_steps_less_what_they_do_not_need() -> None:
+    """Embeddings run the chat steps in the same order, less those the docstring names."""
+    skipped = {"version", "idempotency", "cache", "degrade"}
+    assert EMBEDDINGS.names() == tuple(n for n in CHAT.names() if n not in skipped)
+    assert pipeline.__doc__ is not None
+    assert all(f"``{name}``" in pipeline.__doc__ for name in skipped)
+
+
+# --------------------------------------------------------------------------- steps alone
+
+CHAT_BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest_asyncio.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    """A runtime on a manual clock with memory:// state, a per-user bucket of 2 and a daily
+    budget of 3 calls; the fake provider never answers (no step here calls it)."""
+    config = {
+        "providers": {"p": {**fake(), "data_classes": ["internal"]}},
+        "models": {"chat": {"providers": ["p"]}},
+        "rate_limits": {"per_user": {"rate_per_s": 0.001, "burst": 2}},
+        "budgets": {"calls": 3, "degrade_at": 1.0},
+    }
+    path = write_config(tmp_path, config)
+    clock = ManualClock(0.0, wall_start=1_000_000.0)
+    rt = await build_runtime(load_config(path, env={}), path, clock=clock, rng=random.Random(1))
+    yield rt
+    await close_runtime(rt)
+
+
+def request_for(rt: Runtime, body: dict[str, Any] | None = None, **headers: str) -> Request:
+    ex = Exchange(request_id="r-1")
+    all_headers = {"authorization": f"Bearer {KEY}", **headers}
+    ex.identity = identify(rt, all_headers)
+
+    async def send(message: Any) -> None:
+        raise AssertionError("no step here answers")
+
+    return Request(rt, ex, all_headers, dict(body or CHAT_BODY), send)
+
+
+async def outcome(done: bool | Awaitable[bool]) -> bool:
+    return done if isinstance(done, bool) else await done
+
+
+@pytest.mark.asyncio
+async def test_identify_checks_the_body_the_model_and_the_deadline(runtime: Runtime) -> None:
+    """A known model goes on with its route and deadline; an unknown one is 404; a bad body or
+    deadline header is 400."""
+    request = request_for(runtime, **{"x-tidegate-deadline-ms": "250"})
+    assert identify_chat(request) is False
+    assert request.route.alias == "chat"
+    assert request.deadline.remaining() == 0.25
+    with pytest.raises(ModelNotFound):
+        identify_chat(request_for(runtime, {**CHAT_BODY, "model": "nope"}))
+    with pytest.raises(InvalidRequest):
+        identify_chat(request_for(runtime, {**CHAT_BODY, "messages": []}))
+    with pytest.raises(InvalidRequest):
+        identify_chat(request_for(runtime, **{"x-tidegate-deadline-ms": "soon"}))
+
+
+@pytest.mark.asyncio
+async def test_flags_refuse_when_answering_is_switched_off(runtime: Runtime) -> None:
+    """answer.mode=unavailable is an honest 503 before anything is spent; full goes on."""
+    request = request_for(runtime)
+    identify_chat(request)
+    assert kill_switch(request) is False
+    runtime.flags.set(ANSWER_MODE, "unavailable", who="test", why="drill")
+    with pytest.raises(Unavailable):
+        kill_switch(request)
+
+
+@pytest.mark.asyncio
+async def test_degraded_mode_with_nothing_to_offer_is_refused_before_the_budget(
+    runtime: Runtime,
+) -> None:
+    """answer.mode=degraded without a corpus or cache: 503, and no budget was reserved."""
+    runtime.flags.set(ANSWER_MODE, "degraded", who="test", why="drill")
+    request = request_for(runtime)
+    identify_chat(request)
+    with pytest.raises(Unavailable):
+        await outcome(kill_switch(request))
+    assert request.reservation is None
+
+
+@pytest.mark.asyncio
+async def test_the_rate_limit_step_takes_one_token_per_request(runtime: Runtime) -> None:
+    """Two requests pass a bucket of 2; the third is refused with its RateLimit headers."""
+    for _ in range(2):
+        request = request_for(runtime)
+        identify_chat(request)
+        assert await outcome(rate_limit(request)) is False
+    request = request_for(runtime)
+    identify_chat(request)
+    with pytest.raises(RateLimited) as refused:
+        await outcome(rate_limit(request))
+    assert refused.value.headers["RateLimit-Policy"].startswith('"per-user"')
+
+
+@pytest.mark.asyncio
+async def test_the_budget_step_reserves_and_refuses_past_the_quota(runtime: Runtime) -> None:
+    """Three calls are reserved (each request holds its reservation); the fourth is refused."""
+    for _ in range(3):
+        request = request_for(runtime)
+        identify_chat(request)
+        assert await outcome(reserve_chat(request)) is False
+        assert request.reservation is not None
+    request = request_for(runtime)
+    identify_chat(request)
+    with pytest.raises(BudgetExceeded):
+        await outcome(reserve_chat(request))
+    assert request.reservation is None
+
+
+@pytest.mark.asyncio
+async def test_the_route_step_plans_and_refuses_without_candidates(runtime: Runtime) -> None:
+    """An internal caller gets the provider; with its breaker open the refusal is 503."""
+    request = request_for(runtime)
+    identify_chat(request)
+    assert plan(request) is False
+    assert [c.name for c in request.plan.candidates] == ["p"]
+    breaker = runtime.breakers["p"]
+    for _ in range(breaker.options.consecutive_failures):
+        breaker.acquire().failure()
+    with pytest.raises(CircuitOpen):
+        plan(request)
+
+
+@pytest.mark.asyncio
+async def test_a_data_class_no_provider_may_receive_is_forbidden(tmp_path: Path) -> None:
+    """A route whose every provider refuses the caller's data class is 403."""
+    config = {
+        "providers": {"p": {**fake(), "data_classes": ["public"]}},
+        "models": {"chat": {"providers": ["p"]}},
+    }
+    path = write_config(tmp_path, config)
+    rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock())
+    try:
+        request = request_for(rt)
+        identify_chat(request)
+        with pytest.raises(Forbidden):
+            plan(request)
+    finally:
+        await close_runtime(rt)
