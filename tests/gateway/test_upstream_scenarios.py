@@ -21,7 +21,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from tests.gateway.harness import KEY, running_gateway
+from tests.gateway.harness import KEY, LOW_KEY, running_gateway
 from tests.gateway.upstream import (
     CLOCK,
     RunningUpstream,
@@ -579,3 +579,61 @@ def test_streamed_failover_names_the_serving_model(tmp_path: Path) -> None:
     assert primary_tokens is None
     assert seen == [(PRIMARY, "http_503")] * 2 + [(FALLBACK, "ok")]
     assert t.elapsed < 1.0
+
+
+def _short_deadline_run(
+    tmp_path: Path, *, per_try_timeout_s: float, headers: dict[str, str] | None
+) -> tuple[list[int], float | None, int]:
+    """Five requests from one tenant against a healthy primary that takes 0.2 s, then one from
+    another tenant: the five statuses, the primary's breaker state after them, the other's status.
+    """
+    breaker = {"consecutive_failures": 2, "recovery_s": 30.0, "recovery_jitter": 0.0}
+    with running_upstream(_script(latency=0.2)) as up:
+        config = _config(
+            up,
+            route=("primary",),
+            per_try_timeout_s=per_try_timeout_s,
+            retry={"attempts": 1},
+            breaker=breaker,
+            # Admission's prior service estimate (1 s) would refuse a 100 ms deadline up front.
+            admission={"initial_service_time_s": 0.01},
+        )
+        with running_gateway(tmp_path, config) as (base, _), _client(base) as client:
+            statuses = []
+            for n in range(5):
+                try:
+                    statuses.append(
+                        _ask(client, f"{QUESTION} {n}", headers).http_response.status_code
+                    )
+                except openai.APIStatusError as refused:
+                    statuses.append(refused.status_code)
+            state = metric(base, "tidegate_breaker_state", provider="primary")
+            other = openai.OpenAI(
+                base_url=f"{base}/v1", api_key=LOW_KEY, max_retries=0, timeout=10.0
+            )
+            with other:
+                try:
+                    served = _ask(other, f"{QUESTION} other").http_response.status_code
+                except openai.APIStatusError as refused:
+                    served = refused.status_code
+    return statuses, state, served
+
+
+def test_callers_short_deadlines_do_not_open_a_healthy_providers_breaker(tmp_path: Path) -> None:
+    """A tenant whose 100 ms deadline is shorter than a healthy provider's 0.2 s gets its 504s,
+    and the provider's breaker stays closed: another tenant is served by it straight after."""
+    statuses, state, other = _short_deadline_run(
+        tmp_path, per_try_timeout_s=5.0, headers={"X-Tidegate-Deadline-Ms": "100"}
+    )
+    assert statuses == [504] * 5
+    assert state == 0.0
+    assert other == 200
+
+
+def test_the_providers_own_per_try_timeout_is_evidence(tmp_path: Path) -> None:
+    """The control: the same 0.2 s provider timing out under its own 0.1 s per-try limit is
+    evidence, so two such timeouts open its breaker and the other tenant is refused."""
+    statuses, state, other = _short_deadline_run(tmp_path, per_try_timeout_s=0.1, headers=None)
+    assert statuses[:2] == [504, 504]
+    assert state == 2.0
+    assert other == 503

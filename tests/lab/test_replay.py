@@ -13,6 +13,7 @@ from tidegate.lab.workload import Trace, TraceRecord, load_trace
 from tidegate.policy.admission import AdmissionController, AdmissionOptions
 from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
 from tidegate.policy.retry import RetryOptions
+from tidegate.policy.routing import FailoverOptions
 
 
 def steady(n: int, *, outcome: str = "ok", gap: float = 1.0) -> list[TraceRecord]:
@@ -90,7 +91,7 @@ def test_retries_recover_a_blip_the_log_recorded_as_a_failure() -> None:
     """A lone failure between successes is retried into an answer."""
     records = [
         *steady(5),
-        TraceRecord(at=5.0, latency=0.1, outcome="provider_timeout"),
+        TraceRecord(at=5.0, latency=0.1, outcome="provider_server"),
         *[TraceRecord(at=5.5 + i, latency=0.5) for i in range(5)],
     ]
     result = replay_log(
@@ -139,7 +140,8 @@ models:
   chat: {providers: [a], per_try_timeout_s: 4}
   fast: {providers: [a], per_try_timeout_s: 2}
 admission: {classes: [critical, standard], slots: 3, queue_cap: 5, dequeue: fifo}
-retry: {attempts: 2, base_s: 0.25, cap_s: 1, jitter: equal, budget_ratio: 0.2}
+retry: {attempts: 2, base_s: 0.25, cap_s: 1, jitter: equal, budget_ratio: 0.2,
+        retry_timeouts_on_same_provider: true}
 breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
 """,
         encoding="utf-8",
@@ -149,6 +151,7 @@ breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
     assert (loaded.admission.slots, loaded.admission.queue_cap) == (3, 5)
     assert loaded.retry == RetryOptions(attempts=2, base=0.25, cap=1.0, jitter="equal")  # type: ignore[arg-type]
     assert loaded.budget_ratio == 0.2
+    assert loaded.failover.retry_timeouts is True
     assert loaded.breaker.consecutive_failures == 2
     assert loaded.breaker.recovery == 9.0
     assert (loaded.deadline, loaded.per_try) == (12.0, 2.0)
@@ -157,6 +160,7 @@ breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
     defaults = load_replay_config(empty)
     assert defaults.admission.queue_cap == 256
     assert defaults.deadline == 60.0
+    assert defaults.failover.retry_timeouts is False
 
 
 @pytest.mark.parametrize(
@@ -198,3 +202,47 @@ def test_the_sample_log_has_a_burst_and_an_outage(tmp_path: Path) -> None:
     first = replay_log(trace, config(admission=AdmissionOptions(slots=12, queue_cap=24)))
     assert first == replay_log(trace, config(admission=AdmissionOptions(slots=12, queue_cap=24)))
     assert sum(first.replayed.values()) == first.requests == len(trace.records)
+
+
+def test_late_admitted_work_running_out_of_deadline_leaves_critical_traffic_served() -> None:
+    """Overload under strict priority against a healthy provider: batch work that starts late
+    runs out of its deadline mid-call. Those cut-short calls are not evidence about the provider,
+    so its breaker never opens and every critical request is still served."""
+    critical = [TraceRecord(at=i * 1.0, klass="critical", latency=0.4) for i in range(60)]
+    batch = [TraceRecord(at=0.05 + i * 0.1, klass="batch", latency=0.4) for i in range(600)]
+    candidate = config(
+        admission=AdmissionOptions(
+            classes=("critical", "batch"), slots=2, queue_cap=64, mode="queue_cap"
+        ),
+        deadline=1.0,
+        per_try=5.0,
+        retry=RetryOptions(attempts=1),
+        breaker=BreakerOptions(consecutive_failures=5, minimum_calls=10, recovery=30.0),
+    )
+    result = replay_log(Trace(records=tuple(critical + batch)), candidate)
+    assert result.by_class["critical"] == {"ok": 60}
+    assert "circuit_open" not in result.replayed
+    cut_short = result.calls - result.replayed["ok"]
+    assert cut_short > 50  # the overload engaged: many calls ended at the caller's deadline
+
+
+@pytest.mark.parametrize(
+    ("retry_timeouts", "changed"), [(False, {}), (True, {("provider_error", "ok"): 1})]
+)
+def test_a_timeout_is_retried_on_the_same_provider_only_as_the_gateway_would(
+    retry_timeouts: bool, changed: dict[tuple[str, str], int]
+) -> None:
+    """The failover table's rule holds in the replay as in the gateway: a timeout is not retried
+    on the same provider unless ``retry_timeouts_on_same_provider`` is set."""
+    records = [
+        *steady(5),
+        TraceRecord(at=5.0, latency=0.1, outcome="provider_timeout"),
+        *[TraceRecord(at=5.5 + i, latency=0.5) for i in range(5)],
+    ]
+    candidate = config(
+        retry=RetryOptions(attempts=3, base=0.5, cap=1.0),
+        failover=FailoverOptions(retry_timeouts=retry_timeouts),
+    )
+    result = replay_log(Trace(records=tuple(records)), candidate)
+    assert result.changed == changed
+    assert (result.retries > 0) is retry_timeouts

@@ -20,6 +20,7 @@ the error says nothing about the provider), and the report compares the outcomes
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections import Counter
@@ -30,6 +31,7 @@ from typing import Any, Final
 
 import yaml
 
+from tidegate.clock import Clock
 from tidegate.errors import DeadlineExceeded, ProviderError, ProviderErrorKind, Rejected
 from tidegate.lab.calls import run_call
 from tidegate.lab.engine import EventQueue
@@ -40,7 +42,7 @@ from tidegate.policy.attempts import AttemptPolicy, Call, Stop
 from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.retry import RetryBudget, RetryOptions
-from tidegate.policy.routing import ProviderSpec, RoutePlan
+from tidegate.policy.routing import FailoverOptions, ProviderSpec, RoutePlan, retry_same
 
 __all__ = [
     "OUTCOMES",
@@ -115,10 +117,39 @@ class ReplayConfig:
     budget_ratio: float = 0.1
     budget_floor_per_s: float = 1.0
     breaker: BreakerOptions = field(default_factory=BreakerOptions)
+    #: The failover table's options (``retry.retry_timeouts_on_same_provider``).
+    failover: FailoverOptions = field(default_factory=FailoverOptions)
     #: Seconds a request may take in all (the gateway's request timeout).
     deadline: float = 60.0
     #: Seconds one provider attempt may take.
     per_try: float = 30.0
+
+    def attempt_policy(
+        self,
+        clock: Clock,
+        providers: tuple[str, ...],
+        *,
+        rng: random.Random,
+        breaker_rng: random.Random | None = None,
+    ) -> AttemptPolicy:
+        """The combination of retries, retry budget, breakers and failover these settings make,
+        built as the gateway builds its own: one breaker per provider (drawing its recovery
+        jitter from ``breaker_rng``, or from ``rng`` as the gateway's do), the retry budget and
+        the failover table's rule for retrying the same provider."""
+        breakers = {
+            name: CircuitBreaker(name, self.breaker, clock=clock, rng=breaker_rng or rng)
+            for name in providers
+        }
+        budget = RetryBudget(
+            clock, ratio=self.budget_ratio, min_retries_per_second=self.budget_floor_per_s
+        )
+        return AttemptPolicy(
+            self.retry,
+            breakers=breakers,
+            rng=rng,
+            budget=budget,
+            retry_on=functools.partial(retry_same, options=self.failover),
+        )
 
 
 def _section(
@@ -184,6 +215,9 @@ def load_replay_config(path: str | Path) -> ReplayConfig:
         budget_ratio=float(retry.get("budget_ratio", 0.1)),
         budget_floor_per_s=float(retry.get("budget_floor_per_s", 1.0)),
         breaker=breaker_options,
+        failover=FailoverOptions(
+            retry_timeouts=bool(retry.get("retry_timeouts_on_same_provider", False))
+        ),
         deadline=float(server.get("request_timeout_s", 60.0)) if isinstance(server, dict) else 60.0,
         per_try=min(per_try) if per_try else 30.0,
     )
@@ -275,20 +309,11 @@ class _Replay:
         self.clock = clock
         self.health = _Health(trace.records)
         self.controller = AdmissionController(config.admission, clock)
-        self.policy = AttemptPolicy(
-            config.retry,
-            breakers={
-                "provider": CircuitBreaker(
-                    "provider",
-                    config.breaker,
-                    clock=clock,
-                    rng=random.Random(f"tidegate-lab/replay/{seed}/breaker"),
-                )
-            },
+        self.policy = config.attempt_policy(
+            clock,
+            (_PROVIDER.name,),
             rng=random.Random(f"tidegate-lab/replay/{seed}"),
-            budget=RetryBudget(
-                clock, ratio=config.budget_ratio, min_retries_per_second=config.budget_floor_per_s
-            ),
+            breaker_rng=random.Random(f"tidegate-lab/replay/{seed}/breaker"),
         )
         self.records = trace.records
         self.outcome: list[str] = ["other"] * len(trace.records)

@@ -48,7 +48,14 @@ from tidegate.errors import CircuitOpen, DeadlineExceeded, ProviderError, Provid
 from tidegate.policy.breaker import CircuitBreaker, Permit
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.retry import GiveUp, GiveUpReason, RetryBudget, RetryOptions, RetryPlanner
-from tidegate.policy.routing import FailedOver, ProviderSpec, RoutePlan, SkipReason, next_candidates
+from tidegate.policy.routing import (
+    FailedOver,
+    ProviderSpec,
+    RoutePlan,
+    SkipReason,
+    next_candidates,
+    retry_same,
+)
 
 __all__ = [
     "NOT_EVIDENCE",
@@ -160,9 +167,10 @@ def _ignore(event: AttemptEvent) -> None:
 class AttemptPolicy:
     """What every model call of a gateway (or of a simulation) shares.
 
-    ``retry_on`` narrows which retryable errors are retried on the same provider (the failover
-    table's rule: :func:`~tidegate.policy.routing.retry_same`); ``on_event`` hears every retry,
-    refusal and failover (for metrics).
+    ``retry_on`` says which retryable errors are retried on the same provider before failing
+    over: the failover table's rule, :func:`~tidegate.policy.routing.retry_same` with its default
+    options unless given (the gateway binds its configured ones); ``on_event`` hears every
+    retry, refusal and failover (for metrics).
     """
 
     __slots__ = ("breakers", "budget", "on_event", "planner")
@@ -179,7 +187,9 @@ class AttemptPolicy:
     ) -> None:
         self.breakers = breakers
         self.budget = budget
-        self.planner = RetryPlanner(retry, rng=rng, budget=budget, retry_on=retry_on)
+        self.planner = RetryPlanner(
+            retry, rng=rng, budget=budget, retry_on=retry_same if retry_on is None else retry_on
+        )
         self.on_event = on_event or _ignore
 
     def start(
