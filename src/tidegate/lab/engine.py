@@ -27,7 +27,7 @@ seed and a fixed name, so the same seed gives the same report bit for bit, and t
 with the same seed see the same arrivals (common random numbers). Service times are drawn in the
 order requests start, so under saturation every queue policy frees its slots at the same instants.
 
-The loop is a run object with one method per event kind over a heap of named event tuples;
+The loop is a run object with one method per event kind over a heap of named event records;
 open-loop arrivals stay out of the heap (one pending arrival time compared with the heap's top).
 """
 
@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, final
 
 from tidegate.clock import ManualClock
 from tidegate.errors import Rejected
@@ -88,8 +88,6 @@ _CALL: Final = 5
 _WARMUP: Final = 6
 
 _UNIT_EXPONENTIAL: Final = Exponential(mean=1.0)
-_STARTED: Final = TicketState.STARTED
-_WAITING: Final = TicketState.WAITING
 
 
 class _NoArrivals(Stream):
@@ -342,7 +340,7 @@ class Simulation:
         self.seed = seed
         self.clock = ManualClock()
         self._tick = tick
-        self._heap: list[_Event] = []
+        self._heap: list[_Scheduled] = []
         self._seq = 0
         options = fleet.admission
         self.classes: tuple[str, ...] = options.classes
@@ -409,7 +407,7 @@ class Simulation:
 
     def _push(self, when: float, kind: int, subject: Any, worker: int, io: float) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, kind, subject, worker, io))
+        heapq.heappush(self._heap, (when, self._seq, _Event(kind, subject, worker, io)))
 
     def _account_slots(self) -> None:
         now = self.clock.now()
@@ -448,13 +446,28 @@ class Simulation:
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 
-#: One scheduled event: ``(when, seq, kind, subject, worker, io)``. The heap orders events by
-#: ``when``, then by ``seq`` (scheduling order). ``kind`` is one of the event kinds above;
-#: ``subject`` the ticket (complete, CPU done, deadline), the client (client) or the hook (call);
-#: ``worker`` the worker holding the ticket; ``io`` the IO part still to wait (CPU done). A plain
-#: tuple, unpacked into those names where it is read: a named tuple's constructor costs the
-#: compiled loop about a quarter of its speed.
-_Event: TypeAlias = tuple[float, int, int, Any, int, float]
+
+@final
+class _Event:
+    """One scheduled event. ``kind`` is one of the event kinds above; ``subject`` the ticket
+    (complete, CPU done, deadline), the client (client) or the hook (call); ``worker`` the worker
+    holding the ticket; ``io`` the IO part still to wait (CPU done).
+
+    A plain slotted class, which the compiled build makes a native struct: a named tuple's
+    constructor would cost the compiled loop about a quarter of its speed."""
+
+    __slots__ = ("io", "kind", "subject", "worker")
+
+    def __init__(self, kind: int, subject: Any, worker: int, io: float) -> None:
+        self.kind = kind
+        self.subject = subject
+        self.worker = worker
+        self.io = io
+
+
+#: The heap's entries, ``(when, seq, event)``: ordered by time, then by scheduling order (``seq``
+#: is unique, so the event itself is never compared).
+_Scheduled: TypeAlias = tuple[float, int, _Event]
 
 
 class _Run:
@@ -577,27 +590,27 @@ class _Run:
 
     def push(self, when: float, kind: int, subject: Any, worker: int, io: float) -> None:
         self.seq += 1
-        _heappush(self.heap, (when, self.seq, kind, subject, worker, io))
+        _heappush(self.heap, (when, self.seq, _Event(kind, subject, worker, io)))
 
     def loop(self) -> None:
         """Every event up to the horizon, in time order: the pending open-loop arrival or the
         heap's top, whichever is first. Before it, the clock moves to its time, and the
         time-weighted areas grow by what held since the last event."""
         heap, horizon, clock = self.heap, self.horizon, self.clock
-        kind = -1
+        event: _Event | None = None
         while True:
-            event: _Event
             if heap and heap[0][0] <= self.next_arrival:
-                event = _heappop(heap)
-                if event[0] > horizon:
-                    _heappush(heap, event)
+                scheduled = _heappop(heap)
+                t = scheduled[0]
+                if t > horizon:
+                    _heappush(heap, scheduled)
                     return
-                t, _, kind, subject, w, io = event
+                event = scheduled[2]
             else:  # the pending open-loop arrival comes first
                 t = self.next_arrival
                 if t > horizon:
                     return
-                kind = -1
+                event = None
             clock.set(t)
             dt = t - self.last
             if dt:
@@ -606,18 +619,20 @@ class _Run:
                 if self.has_cpu:
                     self.area_cpu += self.cpu_busy * dt
                 self.last = t
-            if kind == _COMPLETE:
-                self.complete(t, subject, w)
-            elif kind < 0:
+            if event is None:
                 self.arrive(t, -1)
+                continue
+            kind = event.kind
+            if kind == _COMPLETE:
+                self.complete(t, event.subject, event.worker)
             elif kind == _CLIENT:
-                self.arrive(t, subject)
+                self.arrive(t, event.subject)
             elif kind == _CPU_DONE:
-                self.cpu_done(t, subject, w, io)
+                self.cpu_done(t, event.subject, event.worker, event.io)
             elif kind == _DEADLINE:
-                self.deadline(t, subject, w)
+                self.deadline(t, event.subject, event.worker)
             else:
-                self.control(t, kind, subject)
+                self.control(t, kind, event.subject)
 
     def tally_of(self, ticket: Ticket) -> _Tally:
         return self.tallies[self.class_index[ticket.klass]] if self.multi_class else self.tally0
@@ -695,7 +710,7 @@ class _Run:
             self.live_start_sum += t
         if self.closed:
             self.clients[ticket] = client
-        if ticket.state is _STARTED:
+        if ticket.state is TicketState.STARTED:
             self.busy += 1
             worker.in_flight += 1
             if counted:
@@ -788,7 +803,7 @@ class _Run:
 
     def deadline(self, t: float, ticket: Ticket, w: int) -> None:
         """A waiting request's caller gave up at its deadline (``on_deadline="leave"``)."""
-        if ticket.state is not _WAITING:
+        if ticket.state is not TicketState.WAITING:
             return  # started, or already dropped at dequeue
         self.workers[w].controller.cancel(ticket)
         self.unserved(t, ticket, w)
