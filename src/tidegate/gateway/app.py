@@ -370,13 +370,9 @@ class Gateway:
                     "cache": ex.cache or None,
                     "prompt_tokens": ex.usage.get("prompt_tokens"),
                     "completion_tokens": ex.usage.get("completion_tokens"),
-                    # Rounded half up by integer arithmetic (none of these is ever negative):
-                    # round(x, n) writes the float out in decimal and parses it back.
-                    "cost_usd": int(ex.cost * 1e8 + 0.5) / 1e8,
-                    "ttft_s": None
-                    if ex.first_token_s is None
-                    else int(ex.first_token_s * 1e4 + 0.5) / 1e4,
-                    "duration_s": int(elapsed * 1e4 + 0.5) / 1e4,
+                    "cost_usd": round(ex.cost, 8),
+                    "ttft_s": None if ex.first_token_s is None else round(ex.first_token_s, 4),
+                    "duration_s": round(elapsed, 4),
                 }
             )
 

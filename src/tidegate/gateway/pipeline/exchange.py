@@ -42,17 +42,10 @@ class Exchange:
     #: Every attempt in order, then the plan's skips: the ``X-Tidegate-Tried`` header.
     tried: Tried = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
-    #: The tried header as last described, with what it described (asked for three times).
-    _tried_memo: tuple[tuple[int, tuple[Skip, ...]], str] | None = field(default=None, repr=False)
 
     def tried_header(self) -> str:
-        seen = (len(self.tried), self.skipped)
-        memo = self._tried_memo
-        if memo is not None and memo[0] == seen:
-            return memo[1]
-        text = describe_attempts(self.tried, self.skipped)
-        self._tried_memo = (seen, text)
-        return text
+        """The ``X-Tidegate-Tried`` header: every attempt in order, then the plan's skips."""
+        return describe_attempts(self.tried, self.skipped)
 
     def raw_answer_headers(self) -> list[tuple[bytes, bytes]]:
         """The headers every answer carries, as ASGI takes them (names lower-case)."""
