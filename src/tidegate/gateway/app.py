@@ -321,7 +321,7 @@ class Gateway:
                 # Who is calling comes first: a caller without a valid key learns that (401),
                 # not what is wrong with its body, and its body is not read.
                 ex.identity = identify(rt, headers)
-                body = await read_json(receive, headers, rt.max_body_bytes)
+                body = await read_json(receive, headers, rt.config.server.max_body_bytes)
             except ClientDisconnected:
                 ex.outcome, ex.status = "client_closed", 499
                 return

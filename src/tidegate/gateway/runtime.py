@@ -193,18 +193,10 @@ class Runtime:
     in_flight: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
-    #: Config values the request path reads, resolved once at start-up (reading a pydantic
-    #: model's attribute costs several times a plain object's): the body limit, the request
-    #: timeout, whether the response cache is on, each provider's model id, each model's
-    #: prices per 1k tokens (input, output) and the budgets' default ``max_tokens``.
-    max_body_bytes: int = field(init=False, repr=False)
-    request_timeout_s: float = field(init=False, repr=False)
-    cache_enabled: bool = field(init=False, repr=False)
+    #: Each provider's model id, and each model's prices per 1k tokens (input, output): the
+    #: lookups by name the request path makes, built once from the config.
     model_ids: dict[str, str] = field(init=False, repr=False)
     prices_per_1k: dict[str, tuple[float, float]] = field(init=False, repr=False)
-    default_max_tokens: int = field(init=False, repr=False)
-    #: No keys file is configured (dev): a request without keys is anonymous while no key exists.
-    no_keys_file: bool = field(init=False, repr=False)
     #: The routing rule the retry planner asks: ``retry_same`` with :attr:`failover`.
     retry_on: Callable[[ProviderError], bool] = field(init=False, repr=False)
     #: How a model call combines retries, breakers, the retry budget and failover: every call
@@ -212,18 +204,11 @@ class Runtime:
     attempts: AttemptPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        config = self.config
-        self.max_body_bytes = config.server.max_body_bytes
-        self.request_timeout_s = config.server.request_timeout_s
-        self.cache_enabled = config.cache.enabled
-        self.no_keys_file = config.auth.keys_file is None
         self.retry_on = functools.partial(retry_same, options=self.failover)
         self.model_ids = {name: cfg.model for name, cfg in self.provider_configs.items()}
         self.prices_per_1k = {
             model: (price.input_per_1k, price.output_per_1k) for model, price in self.prices.items()
         }
-        budgets = config.budgets
-        self.default_max_tokens = budgets.default_max_tokens if budgets is not None else 0
         self.attempts = AttemptPolicy(
             self.retry_policy,
             breakers=self.breakers,

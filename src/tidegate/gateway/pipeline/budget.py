@@ -23,8 +23,9 @@ __all__ = ["reserve_chat", "reserve_embeddings"]
 async def reserve_chat(request: Request) -> bool:
     """Reserve a chat completion: its prompt and ``n`` times ``max_tokens`` of completion."""
     rt, body = request.rt, request.body
-    if rt.budget is not None:
-        max_tokens = body.get("max_tokens") or rt.default_max_tokens
+    budgets = rt.config.budgets
+    if budgets is not None:
+        max_tokens = body.get("max_tokens") or budgets.default_max_tokens
         completion = max_tokens * request.choices
         prompt = estimate_prompt_tokens(body)
         model = rt.model_ids[request.route.specs[0].name]

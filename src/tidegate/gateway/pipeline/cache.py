@@ -43,7 +43,7 @@ def cache_key(identity: Identity, alias: str, body: Mapping[str, Any]) -> str:
 
 def look_up(request: Request) -> Outcome:
     """A cacheable request answered from the cache (a hit), or marked a miss."""
-    if not request.rt.cache_enabled or request.stream:
+    if not request.rt.config.cache.enabled or request.stream:
         return False
     return _look_up(request)
 

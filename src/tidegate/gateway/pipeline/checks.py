@@ -142,7 +142,7 @@ def check_choices(rt: Runtime, route: Route, alias: str, choices: int) -> None:
 def deadline_for(rt: Runtime, headers: Mapping[str, str]) -> Deadline:
     """The request's deadline from config, shortened (never lengthened) by the caller's header."""
     clock = rt.clock  # the configured timeout is validated positive at load
-    deadline = Deadline(clock, clock.now() + rt.request_timeout_s)
+    deadline = Deadline(clock, clock.now() + rt.config.server.request_timeout_s)
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return deadline

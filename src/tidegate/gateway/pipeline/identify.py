@@ -26,7 +26,7 @@ __all__ = ["identify", "identify_chat", "identify_embeddings"]
 
 def identify(rt: Runtime, headers: Mapping[str, str]) -> Identity:
     """The caller behind the request's API key (``Unauthenticated`` without a valid one)."""
-    if rt.no_keys_file and len(rt.keys) == 0:
+    if rt.config.auth.keys_file is None and len(rt.keys) == 0:
         # No keys configured (dev only: production refuses to start like this).
         classes = rt.config.admission.classes
         return Identity(
