@@ -213,7 +213,6 @@ class Attempts:
 
     __slots__ = (
         "_call",
-        "_cut_short",
         "_deadline",
         "_limit",
         "_number",
@@ -250,7 +249,6 @@ class Attempts:
         self._call: Call | None = None
         self._number = 0
         self._previous_delay: float | None = None
-        self._cut_short = False
         #: Why the last provider was given up (see :class:`Stop`).
         self._why = _CIRCUIT_OPEN
         #: The last provider error, which a call that gives up ends with.
@@ -281,7 +279,7 @@ class Attempts:
             self.tried.append((spec.name, SkipReason.BREAKER_OPEN))
             return self._next_provider()
         self._number += 1
-        return self._start(spec, step.timeout, permit, own)
+        return self._start(spec, step.timeout, permit)
 
     def retry_refused(self) -> Call | Stop:
         """After a :class:`Wait`, another retry budget (the fleet's) refused the retry: the
@@ -303,15 +301,13 @@ class Attempts:
         """The call failed with ``error`` before anything was committed: the next step."""
         call = self._ended()
         spec = call.spec
-        self._settle(call.permit, error, cut_short=self._cut_short)
+        own = self._limit(spec)
+        # Given less than the provider's own limit, the caller's deadline was the tighter one.
+        self._settle(call.permit, error, cut_short=call.timeout < own)
         self.tried.append((spec.name, error.kind))
         self.last = error
         plan = self._policy.planner.after_failure(
-            error,
-            self._number,
-            self._deadline,
-            self._limit(spec),
-            previous_delay=self._previous_delay,
+            error, self._number, self._deadline, own, previous_delay=self._previous_delay
         )
         if not isinstance(plan, GiveUp):
             self._policy.on_event(
@@ -368,7 +364,7 @@ class Attempts:
             if self._policy.budget is not None:
                 self._policy.budget.record_first_try()
             self._spec, self._number, self._previous_delay = spec, 1, None
-            return self._start(spec, step.timeout, permit, own)
+            return self._start(spec, step.timeout, permit)
         if self.last is not None:
             return Stop(self.last, self._why)
         return Stop(
@@ -382,9 +378,8 @@ class Attempts:
         breaker = self._policy.breakers[spec.name]
         return breaker.acquire(deadline_at=self._deadline.clock.now() + timeout)
 
-    def _start(self, spec: ProviderSpec, timeout: float, permit: Permit, own: float) -> Call:
+    def _start(self, spec: ProviderSpec, timeout: float, permit: Permit) -> Call:
         call = self._call = Call(spec, timeout, permit, self._number)
-        self._cut_short = timeout < own
         return call
 
     def _ended(self) -> Call:

@@ -25,31 +25,10 @@ __all__ = ["Request"]
 
 class Request:
     """The request context the steps share; ``ex`` is what the request did, for its answer's
-    headers, its log line and its metrics."""
+    headers, its log line and its metrics.
 
-    __slots__ = (
-        "alias",
-        "body",
-        "cache_key",
-        "canary",
-        "choices",
-        "deadline",
-        "ex",
-        "failure",
-        "headers",
-        "idempotency",
-        "identity",
-        "plan",
-        "reservation",
-        "route",
-        "rt",
-        "send",
-        "served",
-        "started",
-        "stored",
-        "stream",
-        "ticket",
-    )
+    What a step may not have set yet reads as the class's default below, so that making a
+    request's context sets only what it is made from."""
 
     #: Set by the identify step (every later step may read them).
     identity: Identity
@@ -57,6 +36,28 @@ class Request:
     route: Route
     #: Set by the route step.
     plan: RoutePlan
+
+    #: The route alias asked for (a budget degrade may change it to a cheaper one).
+    alias: str = ""
+    #: Completions asked for (``n``).
+    choices: int = 1
+    stream: bool = False
+    #: The route's canary, and when the request began (its latency counts in the windows).
+    canary: Canary | None = None
+    started: float = 0.0
+    #: The response cache's key; empty when the request is not cacheable.
+    cache_key: str = ""
+    #: A failure of the call that a degraded answer may stand in for (the degrade step).
+    failure: Exception | None = None
+    # What the request owes, paid by the settle step.
+    reservation: Reservation | None = None
+    #: The idempotency key (scoped to the caller) and the claim's token.
+    idempotency: tuple[str, str] | None = None
+    #: The answer that key replays, once there is one.
+    stored: StoredResponse | None = None
+    ticket: Ticket | None = None
+    #: Something billable was produced: the reservation is settled, not refunded.
+    served: bool = False
 
     def __init__(
         self,
@@ -71,24 +72,3 @@ class Request:
         self.headers = headers
         self.body = body
         self.send = send
-        #: The route alias asked for (a budget degrade may change it to a cheaper one).
-        self.alias = ""
-        #: Completions asked for (``n``).
-        self.choices = 1
-        self.stream = False
-        #: The route's canary, and when the request began (its latency counts in the windows).
-        self.canary: Canary | None = None
-        self.started = 0.0
-        #: The response cache's key; empty when the request is not cacheable.
-        self.cache_key = ""
-        #: A failure of the call that a degraded answer may stand in for (the degrade step).
-        self.failure: Exception | None = None
-        # What the request owes, paid by the settle step.
-        self.reservation: Reservation | None = None
-        #: The idempotency key (scoped to the caller) and the claim's token.
-        self.idempotency: tuple[str, str] | None = None
-        #: The answer that key replays, once there is one.
-        self.stored: StoredResponse | None = None
-        self.ticket: Ticket | None = None
-        #: Something billable was produced: the reservation is settled, not refunded.
-        self.served = False
