@@ -144,7 +144,13 @@ def _complexity(function: ast.AST) -> int:
             continue
         if isinstance(
             node,
-            ast.If | ast.For | ast.AsyncFor | ast.While | ast.IfExp | ast.ExceptHandler | ast.Assert,
+            ast.If
+            | ast.For
+            | ast.AsyncFor
+            | ast.While
+            | ast.IfExp
+            | ast.ExceptHandler
+            | ast.Assert,
         ):
             score += 1
         elif isinstance(node, ast.BoolOp):
