@@ -23,6 +23,6 @@ def test_opcodes_counts_tidegates_own_path_by_module() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "bytecodes per request" in out
-    for module in ("tidegate/gateway/pipeline/", "tidegate/policy/admission"):
+    for module in ("tidegate/gateway/pipeline/", "tidegate/policy/admission/controller.py"):
         assert module in out
     assert "opcodes.py" not in out.split("by module", 1)[1]

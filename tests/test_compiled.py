@@ -16,7 +16,13 @@ from tidegate.testing import compiled
 #: The modules the mypyc hook in pyproject.toml compiles.
 COMPILED_MODULES = (
     "tidegate.clock",
-    "tidegate.policy.admission",
+    "tidegate.policy.admission.controller",
+    "tidegate.policy.admission.estimates",
+    "tidegate.policy.admission.events",
+    "tidegate.policy.admission.options",
+    "tidegate.policy.admission.shares",
+    "tidegate.policy.admission.snapshot",
+    "tidegate.policy.admission.tickets",
     "tidegate.lab.engine",
     "tidegate.lab.workload",
 )

@@ -44,7 +44,7 @@ def test_policy_imports_nothing_above_it() -> None:
     import tidegate.policy
 
     root = Path(tidegate.policy.__file__).parent
-    for path in root.glob("*.py"):
+    for path in root.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if (

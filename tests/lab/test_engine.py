@@ -336,7 +336,8 @@ def test_same_seed_gives_the_identical_report(name: str) -> None:
 
 
 @pytest.mark.skipif(
-    compiled("tidegate.policy.admission"), reason="a compiled class cannot be patched with a spy"
+    compiled("tidegate.policy.admission.controller"),
+    reason="a compiled class cannot be patched with a spy",
 )
 def test_the_engine_drives_the_real_admission_controller(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every arrival goes through AdmissionController.offer of tidegate.policy, not a copy."""

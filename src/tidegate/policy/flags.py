@@ -85,7 +85,6 @@ class KillSwitchMode(StrEnum):
 
 
 _MODES: Final = {mode.value: mode for mode in KillSwitchMode}
-_UNAVAILABLE: Final = KillSwitchMode.UNAVAILABLE
 _REAL: Final = (int, float)
 #: :func:`check_answering`'s default ``retry_after``; passed as this very object, it needs no check.
 _RETRY_AFTER: Final = 30.0
@@ -371,7 +370,7 @@ def check_answering(flags: FlagSet, retry_after: float = _RETRY_AFTER) -> KillSw
     # Asked on every request: the mode the flag set keeps with its values, which is what
     # flags.get_str(ANSWER_MODE) holds, as a KillSwitchMode.
     mode = flags._answer_mode
-    if mode is _UNAVAILABLE:
+    if mode is KillSwitchMode.UNAVAILABLE:
         raise Unavailable(
             f"answering is switched off ({ANSWER_MODE}={mode.value})",
             policy="flags",

@@ -217,15 +217,12 @@ class GateDecision:
 
 
 def _rate_check(
-    what: str,
-    bad: int,
-    canary_n: int,
-    baseline_bad: int,
-    baseline_n: int,
-    margin: float,
-    z: float,
+    what: str, canary: tuple[int, int], baseline: tuple[int, int], margin: float, z: float
 ) -> tuple[bool, str]:
-    """(rolls back?, sentence) for a rate judged by the canary's Wilson low end."""
+    """(rolls back?, sentence) for a rate judged by the canary's Wilson low end; ``canary`` and
+    ``baseline`` are each (bad, requests)."""
+    bad, canary_n = canary
+    baseline_bad, baseline_n = baseline
     low, _ = wilson_interval(bad, canary_n, z)
     baseline_rate = baseline_bad / baseline_n
     limit = baseline_rate + margin
@@ -289,7 +286,7 @@ def decide(
         ),
     ):
         worse, sentence = _rate_check(
-            what, bad, canary.requests, baseline_bad, baseline.requests, margin, rules.z
+            what, (bad, canary.requests), (baseline_bad, baseline.requests), margin, rules.z
         )
         (rollback if worse else passed).append(sentence)
 
