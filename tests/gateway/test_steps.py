@@ -82,9 +82,11 @@ async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     await close_runtime(rt)
 
 
-def request_for(rt: Runtime, body: dict[str, Any] | None = None, **headers: str) -> Request:
+def request_for(
+    rt: Runtime, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> Request:
     ex = Exchange(request_id="r-1")
-    all_headers = {"authorization": f"Bearer {KEY}", **headers}
+    all_headers = {"authorization": f"Bearer {KEY}", **(headers or {})}
     ex.identity = identify(rt, all_headers)
 
     async def send(message: Any) -> None:
@@ -101,7 +103,7 @@ async def outcome(done: bool | Awaitable[bool]) -> bool:
 async def test_identify_checks_the_body_the_model_and_the_deadline(runtime: Runtime) -> None:
     """A known model goes on with its route and deadline; an unknown one is 404; a bad body or
     deadline header is 400."""
-    request = request_for(runtime, **{"x-tidegate-deadline-ms": "250"})
+    request = request_for(runtime, headers={"x-tidegate-deadline-ms": "250"})
     assert identify_chat(request) is False
     assert request.route.alias == "chat"
     assert request.deadline.remaining() == 0.25
@@ -110,7 +112,7 @@ async def test_identify_checks_the_body_the_model_and_the_deadline(runtime: Runt
     with pytest.raises(InvalidRequest):
         identify_chat(request_for(runtime, {**CHAT_BODY, "messages": []}))
     with pytest.raises(InvalidRequest):
-        identify_chat(request_for(runtime, **{"x-tidegate-deadline-ms": "soon"}))
+        identify_chat(request_for(runtime, headers={"x-tidegate-deadline-ms": "soon"}))
 
 
 @pytest.mark.asyncio

@@ -27,10 +27,8 @@ class Tracing:
     def __init__(self, tracer: Any = None, provider: Any = None) -> None:
         self._tracer = tracer
         self._provider = provider
-
-    @property
-    def enabled(self) -> bool:
-        return self._tracer is not None
+        #: Whether spans are made (a tracer was configured).
+        self.enabled = tracer is not None
 
     @classmethod
     def from_config(cls, config: TracingConfig, *, provider: Any = None) -> Tracing:
