@@ -18,9 +18,9 @@ import pytest
 
 from tests.gateway.harness import write_config
 from tidegate.clock import ManualClock, SystemClock
-from tidegate.gateway.app import Gateway, Handler
+from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import load_config
-from tidegate.gateway.pipeline import Exchange
+from tidegate.gateway.pipeline import Exchange, Handler
 from tidegate.gateway.runtime import Runtime
 from tidegate.gateway.watch import DisconnectWatches, _Watch
 

@@ -60,6 +60,58 @@ def test_embeddings_are_the_chat_steps_less_what_they_do_not_need() -> None:
     assert all(f"``{name}``" in pipeline.__doc__ for name in skipped)
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("settings", "left_out"),
+    [
+        # No rate limit, budget, canary or cache: none of those steps can do anything.
+        (
+            {"rate_limits": {}, "cache": {"enabled": False}},
+            {"rate_limit", "budget", "version", "cache"},
+        ),
+        # A rate limit alone keeps the budget step, which waits for its batch to be durable.
+        (
+            {
+                "rate_limits": {"per_user": {"rate_per_s": 1, "burst": 5}},
+                "cache": {"enabled": False},
+            },
+            {"version", "cache"},
+        ),
+        ({"budgets": {"calls": 3}, "rate_limits": {}}, {"rate_limit", "version"}),
+        (
+            {
+                "rate_limits": {},
+                "cache": {"enabled": False},
+                "canary": {"salt": "s", "candidate": {"prompt_version": "v2"}},
+            },
+            {"rate_limit", "budget", "cache"},
+        ),
+    ],
+)
+async def test_a_runtime_runs_only_the_steps_its_config_needs(
+    tmp_path: Path, settings: dict[str, Any], left_out: set[str]
+) -> None:
+    """Each endpoint of a runtime is its pipeline less the steps its config turns off, in the
+    same order; the gateway serves those (``endpoints``)."""
+    canary = settings.pop("canary", None)
+    route: dict[str, Any] = {"providers": ["p"]}
+    if canary is not None:
+        route["canary"] = canary
+    config = {"providers": {"p": fake()}, "models": {"chat": route}, **settings}
+    path = write_config(tmp_path, config)
+    rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
+    try:
+        served = pipeline.endpoints(rt)
+        chat = served["/v1/chat/completions"]
+        embed = served["/v1/embeddings"]
+        assert isinstance(chat, pipeline.Endpoint)
+        assert isinstance(embed, pipeline.Endpoint)
+        assert chat.pipeline.names() == tuple(n for n in CHAT.names() if n not in left_out)
+        assert embed.pipeline.names() == tuple(n for n in EMBEDDINGS.names() if n not in left_out)
+    finally:
+        await close_runtime(rt)
+
+
 # --------------------------------------------------------------------------- steps alone
 
 CHAT_BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}

@@ -37,8 +37,10 @@ from tidegate.gateway.logsink import configure_logging, flush_logs, log_request
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import (
     Exchange,
+    Handler,
     chat_completions,
     embeddings,
+    endpoints,
     identify,
     new_request_id,
 )
@@ -58,7 +60,7 @@ __all__ = ["Gateway"]
 
 log = structlog.get_logger("tidegate")
 
-Handler = Callable[[Runtime, Exchange, dict[str, str], dict[str, Any], Send], Awaitable[None]]
+#: The model endpoints with every step (what a gateway serves until start-up has its runtime's).
 POST_ROUTES: dict[str, Handler] = {
     "/v1/chat/completions": chat_completions,
     "/v1/embeddings": embeddings,
@@ -121,6 +123,8 @@ class Gateway:
         self._refresher: asyncio.Task[None] | None = None
         self._controller: asyncio.Task[None] | None = None
         self._watches = DisconnectWatches()
+        #: The model endpoints, each with the steps the runtime needs (set at start-up).
+        self._endpoints = POST_ROUTES
         self._drain_timer: asyncio.TimerHandle | None = None
         #: Writes the request's log line; start-up sets the cheapest writer the logging allows.
         self._log_request: Callable[[dict[str, Any]], None] = log_request
@@ -131,6 +135,7 @@ class Gateway:
         self._log_request = configure_logging(self.config)
         if self.runtime is None:
             self.runtime = await build_runtime(self.config, self.config_path, **self._overrides)
+        self._endpoints = endpoints(self.runtime)
         if self.tune_gc:
             tune_gc()
         loop = asyncio.get_running_loop()
@@ -284,7 +289,7 @@ class Gateway:
         path: str = scope["path"]
         method: str = scope["method"]
         if method == "POST" and path in POST_ROUTES:  # first: nearly every request is one
-            await self._model_call(rt, POST_ROUTES[path], scope, receive, send)
+            await self._model_call(rt, self._endpoints[path], scope, receive, send)
         elif is_admin_path(path):
             await handle_admin(rt, scope, receive, send)
         elif method == "GET" and path in GET_ROUTES:

@@ -13,11 +13,17 @@ happens whatever goes wrong. ``POST /v1/embeddings`` runs the same steps less th
 need: ``version`` (canaries are for chat routes), ``idempotency`` (an embedding has no side
 effect: a retry recomputes the same vectors), ``cache`` (vectors are not kept) and ``degrade``
 (there is no degraded embedding to stand in).
+
+A runtime serves each endpoint with the steps its configuration needs (:func:`endpoints`): the
+rate limit only with a rate limit configured, the budget step (which also waits for the rate
+limit's decisions to be durable) only with either, ``version`` only with a canary, ``cache``
+only with the cache on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from tidegate.gateway.http import Send
@@ -44,26 +50,47 @@ __all__ = [
     "EMBEDDINGS",
     "MAX_CHOICES",
     "MAX_INTEGER",
+    "Endpoint",
     "Exchange",
+    "Handler",
     "Pipeline",
     "Request",
     "Step",
     "chat_completions",
     "embeddings",
+    "endpoints",
     "identify",
     "new_request_id",
 ]
+
+
+def _rate_limited(rt: Runtime) -> bool:
+    return rt.user_bucket is not None or rt.tenant_bucket is not None
+
+
+def _budgeted(rt: Runtime) -> bool:
+    # The budget step also awaits the commit of the rate limit's batch.
+    return rt.budget is not None or _rate_limited(rt)
+
+
+def _has_canary(rt: Runtime) -> bool:
+    return bool(rt.canaries)
+
+
+def _caching(rt: Runtime) -> bool:
+    return rt.config.cache.enabled
+
 
 #: ``POST /v1/chat/completions``, in the order a request meets the steps.
 CHAT: Final = Pipeline(
     (
         Step("identify", identify_chat),
         Step("flags", kill_switch),
-        Step("rate_limit", rate_limit),
-        Step("budget", reserve_chat),
-        Step("version", select_version),
+        Step("rate_limit", rate_limit, _rate_limited),
+        Step("budget", reserve_chat, _budgeted),
+        Step("version", select_version, _has_canary),
         Step("idempotency", claim),
-        Step("cache", look_up),
+        Step("cache", look_up, _caching),
         Step("admission", admit),
         Step("route", plan),
         Step("call", call_model),
@@ -76,13 +103,42 @@ EMBEDDINGS: Final = Pipeline(
     (
         Step("identify", identify_embeddings),
         Step("flags", kill_switch),
-        Step("rate_limit", rate_limit),
-        Step("budget", reserve_embeddings),
+        Step("rate_limit", rate_limit, _rate_limited),
+        Step("budget", reserve_embeddings, _budgeted),
         Step("admission", admit),
         Step("route", plan),
         Step("call", embed),
     )
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One endpoint's handler: its pipeline, as a runtime needs it, over a new request."""
+
+    pipeline: Pipeline
+
+    def __call__(
+        self,
+        rt: Runtime,
+        ex: Exchange,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        send: Send,
+    ) -> Awaitable[None]:
+        return run(self.pipeline, Request(rt, ex, headers, body, send))
+
+
+#: An endpoint's handler, as the gateway calls it.
+Handler = Callable[[Runtime, Exchange, dict[str, str], dict[str, Any], Send], Awaitable[None]]
+
+
+def endpoints(rt: Runtime) -> dict[str, Handler]:
+    """The model endpoints by path, each with the steps ``rt`` needs."""
+    return {
+        "/v1/chat/completions": Endpoint(CHAT.for_runtime(rt)),
+        "/v1/embeddings": Endpoint(EMBEDDINGS.for_runtime(rt)),
+    }
 
 
 def chat_completions(

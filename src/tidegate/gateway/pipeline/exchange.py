@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from tidegate.gateway.auth import Identity
@@ -14,12 +14,16 @@ from tidegate.policy.routing import Skip, describe_attempts
 
 __all__ = ["Exchange", "new_request_id"]
 
+_NO_USAGE: Mapping[str, int] = MappingProxyType({})
 
-@dataclass(slots=True, eq=False)
+
 class Exchange:
-    """What one request did, for its response headers, its log line and its metrics."""
+    """What one request did, for its response headers, its log line and its metrics.
 
-    request_id: str
+    What nothing has set yet reads as the class's default below (as on
+    :class:`~tidegate.gateway.pipeline.request.Request`): making one, once a request, sets only
+    its id and its list of attempts."""
+
     route: str = "-"
     identity: Identity | None = None
     served_by: str = "-"
@@ -39,9 +43,16 @@ class Exchange:
     validation_failed: bool = False
     #: The task handling the request, when the caller knows it (saves looking it up again).
     task: asyncio.Task[Any] | None = None
-    #: Every attempt in order, then the plan's skips: the ``X-Tidegate-Tried`` header.
-    tried: Tried = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)
+    #: The answer's token counts, once known (replaced whole, never changed in place).
+    usage: Mapping[str, int] = _NO_USAGE
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        #: Every attempt in order, then the plan's skips: the ``X-Tidegate-Tried`` header.
+        self.tried: Tried = []
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.request_id!r}, route={self.route!r}, outcome={self.outcome!r})"
 
     def tried_header(self) -> str:
         """The ``X-Tidegate-Tried`` header: every attempt in order, then the plan's skips."""

@@ -4,8 +4,9 @@ usage and spend of an answer once it is known."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
+from tidegate.gateway.pipeline.checks import MAX_INTEGER
 from tidegate.gateway.pipeline.exchange import Exchange
 from tidegate.gateway.runtime import Runtime
 
@@ -45,11 +46,18 @@ def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -
 
 
 def usage_of(answer: Mapping[str, Any], body: Mapping[str, Any], text_chars: int) -> dict[str, int]:
-    """The tokens of an answer: the provider's count, else an estimate from the text."""
+    """The tokens of an answer: the provider's count, else an estimate from the text.
+
+    A count is the provider's only when it is a whole number the stores can add up (0 to
+    ``MAX_INTEGER``): a negative or absurd count from a broken or hostile upstream would credit
+    the budget and break the counters, so it is estimated instead, as a missing one is."""
     usage = answer.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-        prompt = int(usage["prompt_tokens"])
-        completion = int(usage.get("completion_tokens") or 0)
+    if not isinstance(usage, dict):
+        usage = {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens") or 0
+    if _count(prompt):
+        if not _count(completion):
+            completion = max(0, text_chars // 4)
     else:
         prompt = estimate_prompt_tokens(body)
         completion = max(0, text_chars // 4)
@@ -58,6 +66,11 @@ def usage_of(answer: Mapping[str, Any], body: Mapping[str, Any], text_chars: int
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is a token count as a provider may report it."""
+    return type(value) is int and 0 <= value <= MAX_INTEGER
 
 
 def account(rt: Runtime, ex: Exchange) -> None:

@@ -7,6 +7,10 @@ admission queue, a provider), an awaitable of one of those: a step that has noth
 in the usual case (no ``Idempotency-Key``, the cache off, the kill switch off) costs no coroutine.
 A refusal is raised as its typed error and answered with its one status and body. The settle
 step runs last, always, shielded from the caller going away.
+
+A step the configuration turns off (no rate limits, the cache off, no canary) is left out of the
+runtime's own copy of the pipeline (:meth:`Pipeline.for_runtime`) rather than asked on every
+request; the order of the steps that remain is the same.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TypeAlias
 from tidegate.gateway.pipeline.answer import answer_error
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.settle import record_canary, settle_shielded
+from tidegate.gateway.runtime import Runtime
 
 __all__ = ["Outcome", "Pipeline", "Step", "run"]
 
@@ -33,6 +38,9 @@ class Step:
 
     name: str
     run: Callable[[Request], Outcome]
+    #: Whether a runtime needs the step (None: every runtime does). A step left out is one that
+    #: would do nothing for any request of that runtime, as its configuration stands.
+    needed: Callable[[Runtime], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +57,10 @@ class Pipeline:
     def names(self) -> tuple[str, ...]:
         """The order, as docs/ARCHITECTURE.md states it."""
         return (*(step.name for step in self.steps), "settle")
+
+    def for_runtime(self, rt: Runtime) -> Pipeline:
+        """The steps ``rt`` needs, in the same order (see the module docstring)."""
+        return Pipeline(tuple(s for s in self.steps if s.needed is None or s.needed(rt)))
 
 
 async def run(pipeline: Pipeline, request: Request) -> None:
