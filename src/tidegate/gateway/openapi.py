@@ -194,6 +194,17 @@ _EMBEDDINGS_REQUEST: dict[str, Any] = {
                 },
             ]
         },
+        "encoding_format": {
+            "enum": ["float", "base64", None],
+            "description": "how the vectors are written (the gateway encodes them): float "
+            "arrays (the default), or base64 of their float32 values, little-endian",
+        },
+        "dimensions": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_INTEGER,
+            "description": "passed to the provider (models that can shorten their vectors)",
+        },
     },
 }
 _USAGE = {

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tidegate.errors import ConfigError
 from tidegate.providers.base import JSONObject, MalformedChunk
 from tidegate.providers.wire import (
+    EncodingFormat,
     chat_chunk,
     chat_completion,
     embeddings_response,
@@ -74,6 +75,10 @@ WILDCARD = "*"
 MALFORMED_DATA = '{"id": "chatcmpl-fake", "choices": [{"delta": {"content": "unterminated'
 
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+#: The longest vector a fake writes (a request's ``dimensions`` above it is not honoured).
+MAX_FAKE_DIMENSIONS = 4096
 
 
 class _Strict(BaseModel):
@@ -201,7 +206,7 @@ class ModelScript(_Strict):
     #: Whether a request ending with an assistant message is answered.
     accepts_prefill: bool = True
     #: Length of the vectors ``/v1/embeddings`` returns.
-    embedding_dimensions: Annotated[int, Field(ge=1, le=4096)] = 8
+    embedding_dimensions: Annotated[int, Field(ge=1, le=MAX_FAKE_DIMENSIONS)] = 8
     faults: tuple[Fault, ...] = ()
 
     @model_validator(mode="after")
@@ -597,6 +602,14 @@ class ScriptRunner:
             )
         raw = body.get("input")
         inputs = [raw] if isinstance(raw, str) else [str(item) for item in raw or []]
+        # As OpenAI does: ``dimensions`` shortens the vectors, ``encoding_format`` is honoured.
+        dimensions = body.get("dimensions")
+        size = (
+            dimensions
+            if type(dimensions) is int and 0 < dimensions <= MAX_FAKE_DIMENSIONS
+            else None
+        )
+        encoding: EncodingFormat = "base64" if body.get("encoding_format") == "base64" else "float"
         body_fault: Literal["cut", "stall", "malformed"] | None = None
         if isinstance(fault, CutAfterFault):
             body_fault = "cut"
@@ -609,8 +622,9 @@ class ScriptRunner:
             action="answer",
             body=embeddings_response(
                 model=name,
-                vectors=[_vector(text, model.embedding_dimensions) for text in inputs],
+                vectors=[_vector(text, size or model.embedding_dimensions) for text in inputs],
                 prompt_tokens=sum(len(text.split()) for text in inputs),
+                encoding_format=encoding,
             ),
             body_fault=body_fault,
         )

@@ -6,17 +6,24 @@ against them; having one builder per shape keeps every producer byte-for-byte co
 
 from __future__ import annotations
 
+import array
+import base64
+import binascii
+import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from tidegate.providers.base import JSONObject
 
 __all__ = [
+    "EncodingFormat",
     "assemble_completion",
     "chat_chunk",
     "chat_completion",
     "completion_chunks",
+    "decode_vector",
     "embeddings_response",
+    "encode_vector",
     "openai_error",
     "usage",
 ]
@@ -91,14 +98,49 @@ def openai_error(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+#: How an embeddings request may ask for its vectors (OpenAI's ``encoding_format``).
+EncodingFormat = Literal["float", "base64"]
+
+
+def encode_vector(vector: Sequence[float]) -> str:
+    """A vector as ``encoding_format: base64`` carries it: its float32 values, little-endian,
+    in base64 (what the OpenAI SDKs decode with ``Float32Array`` / ``numpy.frombuffer``)."""
+    values = array.array("f", vector)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def decode_vector(text: str) -> list[float] | None:
+    """The vector :func:`encode_vector` wrote, or None if ``text`` is not one."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) % 4:
+        return None
+    values = array.array("f", raw)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values.tolist()
+
+
 def embeddings_response(
-    *, model: str, vectors: Sequence[Sequence[float]], prompt_tokens: int
+    *,
+    model: str,
+    vectors: Sequence[Sequence[float]],
+    prompt_tokens: int,
+    encoding_format: EncodingFormat = "float",
 ) -> JSONObject:
     """An OpenAI embeddings ``list`` with one ``embedding`` object per input, in order."""
     return {
         "object": "list",
         "data": [
-            {"object": "embedding", "index": index, "embedding": list(vector)}
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": list(vector) if encoding_format == "float" else encode_vector(vector),
+            }
             for index, vector in enumerate(vectors)
         ],
         "model": model,

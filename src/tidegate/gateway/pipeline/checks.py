@@ -17,9 +17,11 @@ from tidegate.policy.deadline import Deadline
 
 __all__ = [
     "DEADLINE_HEADER",
+    "ENCODINGS",
     "MAX_CHOICES",
     "MAX_INTEGER",
     "check_choices",
+    "check_embeddings_options",
     "deadline_for",
     "embeddings_input",
     "model_of",
@@ -99,6 +101,21 @@ def _tokens(values: list[Any]) -> list[int] | None:
     if all(type(t) is int and 0 <= t <= MAX_INTEGER for t in tokens):
         return tokens
     return None
+
+
+#: What ``encoding_format`` may ask for.
+ENCODINGS = ("float", "base64")
+
+
+def check_embeddings_options(body: dict[str, Any]) -> None:
+    """``encoding_format`` is ``float`` or ``base64`` (the vectors are encoded by the gateway,
+    whatever the provider sends); ``dimensions``, passed to the provider, is a positive
+    integer."""
+    encoding = body.get("encoding_format")
+    if encoding is not None and encoding not in ENCODINGS:
+        raise InvalidRequest(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}")
+    if body.get("dimensions") is not None:
+        body["dimensions"] = _integer("dimensions", body["dimensions"], 1, MAX_INTEGER)
 
 
 def embeddings_input(value: Any) -> str | list[Any]:

@@ -13,6 +13,7 @@ from tidegate.errors import ModelNotFound
 from tidegate.gateway.auth import Identity
 from tidegate.gateway.pipeline.checks import (
     check_choices,
+    check_embeddings_options,
     deadline_for,
     embeddings_input,
     model_of,
@@ -74,5 +75,6 @@ def identify_embeddings(request: Request) -> bool:
     body = request.body
     model = model_of(body)
     body["input"] = embeddings_input(body.get("input"))
+    check_embeddings_options(body)
     _known(request, model)
     return False

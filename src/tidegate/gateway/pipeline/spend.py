@@ -10,7 +10,14 @@ from tidegate.gateway.pipeline.checks import MAX_INTEGER
 from tidegate.gateway.pipeline.exchange import Exchange
 from tidegate.gateway.runtime import Runtime
 
-__all__ = ["account", "estimate_prompt_tokens", "input_tokens", "price", "usage_of"]
+__all__ = [
+    "account",
+    "estimate_prompt_tokens",
+    "input_tokens",
+    "is_count",
+    "price",
+    "usage_of",
+]
 
 
 def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
@@ -55,8 +62,8 @@ def usage_of(answer: Mapping[str, Any], body: Mapping[str, Any], text_chars: int
     if not isinstance(usage, dict):
         usage = {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens") or 0
-    if _count(prompt):
-        if not _count(completion):
+    if is_count(prompt):
+        if not is_count(completion):
             completion = max(0, text_chars // 4)
     else:
         prompt = estimate_prompt_tokens(body)
@@ -68,7 +75,7 @@ def usage_of(answer: Mapping[str, Any], body: Mapping[str, Any], text_chars: int
     }
 
 
-def _count(value: object) -> TypeGuard[int]:
+def is_count(value: object) -> TypeGuard[int]:
     """Whether ``value`` is a token count as a provider may report it."""
     return type(value) is int and 0 <= value <= MAX_INTEGER
 
