@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ import httpx
 import uvicorn
 import yaml
 
+from tidegate.clock import ManualClock
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import load_config
+from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime
+from tidegate.providers.fake import FakeProvider
 
 KEY = "tg-test-key"
 LOW_KEY = "tg-test-batch-key"
@@ -207,3 +211,29 @@ def serving_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[ServedPr
         if process.poll() is None:
             process.terminate()  # uvicorn's supervisor stops its workers on SIGTERM
         served.finish()
+
+
+@asynccontextmanager
+async def in_process_gateway(
+    tmp_path: Path, config: dict[str, Any], handlers: dict[str, Callable[[Any, int], Any]]
+) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
+    """The gateway app in this task (no socket) on a manual clock, each provider a
+    :class:`FakeProvider` answering with its handler, and a client sending the test key."""
+    clock = ManualClock(0.0, wall_start=1_000_000.0)
+    path = write_config(tmp_path, config)
+    providers: dict[str, Any] = {
+        name: FakeProvider(name, handler, sleep=clock.asleep, clock=clock)
+        for name, handler in handlers.items()
+    }
+    loaded = load_config(path, env={})
+    rt = await build_runtime(
+        loaded, path, clock=clock, sleep=clock.asleep, rng=random.Random(1), providers=providers
+    )
+    transport = httpx.ASGITransport(app=Gateway(loaded, path, runtime=rt))
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gw", headers={"Authorization": f"Bearer {KEY}"}
+        ) as client:
+            yield client, rt
+    finally:
+        await close_runtime(rt)

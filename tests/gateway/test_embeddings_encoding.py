@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import array
 import base64
-import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from tests.gateway.harness import KEY, fake, running_gateway, write_config
-from tidegate.clock import ManualClock
-from tidegate.gateway.app import Gateway
-from tidegate.gateway.config import load_config
-from tidegate.gateway.runtime import build_runtime, close_runtime
-from tidegate.providers.fake import FakeProvider
+from tests.gateway.harness import KEY, fake, in_process_gateway, running_gateway
 from tidegate.providers.wire import decode_vector, embeddings_response, encode_vector
 
 INPUTS = ["the tide", "turns at noon"]
@@ -108,32 +102,17 @@ class Upstream:
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Upstream, Upstream]]:
-    clock = ManualClock(0.0)
-    path = write_config(
-        tmp_path,
-        {
-            "providers": {"first": fake(), "second": fake()},
-            "models": {"embed": {"providers": ["first", "second"]}},
-            "retry": {"attempts": 1},
-        },
-    )
-    first, second = Upstream([0.5, 0.25]), Upstream([1.0, 2.0])
-    providers: dict[str, Any] = {
-        name: FakeProvider(name, handler, sleep=clock.asleep, clock=clock)
-        for name, handler in (("first", first), ("second", second))
+    config = {
+        "providers": {"first": fake(), "second": fake()},
+        "models": {"embed": {"providers": ["first", "second"]}},
+        "retry": {"attempts": 1},
     }
-    config = load_config(path, env={})
-    rt = await build_runtime(
-        config, path, clock=clock, sleep=clock.asleep, rng=random.Random(1), providers=providers
-    )
-    transport = httpx.ASGITransport(app=Gateway(config, path, runtime=rt))
-    try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gw", headers={"Authorization": f"Bearer {KEY}"}
-        ) as client:
-            yield client, first, second
-    finally:
-        await close_runtime(rt)
+    first, second = Upstream([0.5, 0.25]), Upstream([1.0, 2.0])
+    async with in_process_gateway(tmp_path, config, {"first": first, "second": second}) as (
+        client,
+        _,
+    ):
+        yield client, first, second
 
 
 @pytest.mark.asyncio

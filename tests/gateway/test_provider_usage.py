@@ -3,7 +3,6 @@ and the budget and the token counters are charged with the estimate (never credi
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.gateway.harness import KEY, fake, write_config
-from tidegate.clock import ManualClock
-from tidegate.gateway.app import Gateway
-from tidegate.gateway.config import load_config
-from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime
-from tidegate.providers.fake import FakeProvider
+from tests.gateway.harness import KEY, fake, in_process_gateway
+from tidegate.gateway.runtime import Runtime
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,35 +47,15 @@ class Upstream:
 
 @pytest_asyncio.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Upstream, Runtime]]:
-    clock = ManualClock(0.0, wall_start=1_000_000.0)
-    path = write_config(
-        tmp_path,
-        {
-            "providers": {"p": fake()},
-            "models": {"chat": {"providers": ["p"]}},
-            "budgets": {"tokens": 1_000_000},
-            "cache": {"enabled": False},
-        },
-    )
+    config = {
+        "providers": {"p": fake()},
+        "models": {"chat": {"providers": ["p"]}},
+        "budgets": {"tokens": 1_000_000},
+        "cache": {"enabled": False},
+    }
     upstream = Upstream()
-    provider = FakeProvider("p", upstream, sleep=clock.asleep, clock=clock)
-    config = load_config(path, env={})
-    rt = await build_runtime(
-        config,
-        path,
-        clock=clock,
-        sleep=clock.asleep,
-        rng=random.Random(1),
-        providers={"p": provider},
-    )
-    transport = httpx.ASGITransport(app=Gateway(config, path, runtime=rt))
-    try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gw", headers={"Authorization": f"Bearer {KEY}"}
-        ) as client:
-            yield client, upstream, rt
-    finally:
-        await close_runtime(rt)
+    async with in_process_gateway(tmp_path, config, {"p": upstream}) as (client, rt):
+        yield client, upstream, rt
 
 
 @pytest.mark.parametrize(
