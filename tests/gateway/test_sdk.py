@@ -144,3 +144,20 @@ def test_unknown_model_and_bad_key(tmp_path: Path) -> None:
         client.close()
         bad.close()
     assert [m.id for m in models.data] == ["chat"]
+
+
+def test_one_model_and_the_legacy_completions_pointer(tmp_path: Path) -> None:
+    """``models.retrieve`` gives an alias as the SDK's ``Model``; an unknown alias is the SDK's
+    NotFoundError, and so is the legacy completions API, whose message names the chat one."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        model = client.models.retrieve("chat")
+        with pytest.raises(openai.NotFoundError) as unknown:
+            client.models.retrieve("nope")
+        with pytest.raises(openai.NotFoundError) as legacy:
+            client.completions.create(model="chat", prompt="hi")
+        client.close()
+    assert (model.id, model.object, model.owned_by) == ("chat", "model", "tidegate")
+    assert unknown.value.code == "model_not_found"
+    assert legacy.value.code == "not_found"
+    assert "/v1/chat/completions" in legacy.value.message

@@ -16,7 +16,14 @@ from typing import Any, Unpack
 import structlog
 
 from tidegate import __version__
-from tidegate.errors import ConfigError, MethodNotAllowed, StoreError, TidegateError
+from tidegate.errors import (
+    ConfigError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    StoreError,
+    TidegateError,
+)
 from tidegate.gateway.admin import handle_admin, is_admin_path
 from tidegate.gateway.auth import KeyRing
 from tidegate.gateway.canary import take_step
@@ -294,11 +301,15 @@ class Gateway:
             await handle_admin(rt, scope, receive, send)
         elif method == "GET" and path in GET_ROUTES:
             await GET_ROUTES[path](self, rt, scope, send)
-        elif path in POST_ROUTES or path in GET_ROUTES:
+        elif method == "GET" and path.startswith(MODEL_PATH):
+            await self.model(rt, path[len(MODEL_PATH) :], scope, send)
+        elif path in POST_ROUTES or path in GET_ROUTES or path.startswith(MODEL_PATH):
             allowed = "POST" if path in POST_ROUTES else "GET"
             await send_error(
                 send, MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
             )
+        elif path in NOT_SERVED:
+            await send_error(send, NotFound(NOT_SERVED[path]))
         else:
             await send_json(
                 send,
@@ -423,12 +434,33 @@ class Gateway:
         except TidegateError as error:
             await send_error(send, error)
             return
-        data = [
-            {"id": alias, "object": "model", "created": 0, "owned_by": "tidegate"}
-            for alias in sorted(rt.routes)
-            if identity.may_use(alias)
-        ]
+        data = [_model_object(alias) for alias in sorted(rt.routes) if identity.may_use(alias)]
         await send_json(send, 200, {"object": "list", "data": data})
+
+    async def model(self, rt: Runtime, alias: str, scope: Scope, send: Send) -> None:
+        """One alias the caller's key may use; any other is 404, as an unknown one is (a key
+        learns nothing of the aliases it may not use)."""
+        try:
+            identity = identify(rt, request_headers(scope))
+            if alias not in rt.routes or not identity.may_use(alias):
+                raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
+        except TidegateError as error:
+            await send_error(send, error)
+            return
+        await send_json(send, 200, _model_object(alias))
+
+
+def _model_object(alias: str) -> dict[str, Any]:
+    """A route alias as OpenAI's ``model`` object."""
+    return {"id": alias, "object": "model", "created": 0, "owned_by": "tidegate"}
+
+
+#: ``GET /v1/models/{id}``: one alias.
+MODEL_PATH = "/v1/models/"
+#: OpenAI paths the gateway does not serve, and what to use instead (a 404 that says so).
+NOT_SERVED = {
+    "/v1/completions": "the legacy completions API is not served: use POST /v1/chat/completions",
+}
 
 
 GET_ROUTES: dict[str, Callable[[Gateway, Runtime, Scope, Send], Awaitable[None]]] = {

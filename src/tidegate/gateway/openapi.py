@@ -264,25 +264,20 @@ _EMBEDDING_LIST = {
     "required": ["model"],
     "properties": {"model": {"type": "string"}, "data": {"type": "array"}},
 }
+_MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
 _MODEL_LIST = {
     "type": "object",
     "required": ["object", "data"],
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "object", "created", "owned_by"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "object": {"const": "model"},
-                    "created": {"type": "integer"},
-                    "owned_by": {"type": "string"},
-                },
-            },
-        },
-    },
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
 }
 _READINESS = {
     "type": "object",
@@ -361,6 +356,26 @@ OPENAPI: Final[dict[str, Any]] = {
                 "summary": "The model aliases the caller's key may use",
                 "security": _BEARER,
                 "responses": {"200": _json("list", _ref("ModelList")), **_UNAUTHENTICATED},
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One model alias the caller's key may use (404 for any other)",
+                "security": _BEARER,
+                "parameters": [
+                    {
+                        "name": "model",
+                        "in": "path",
+                        "required": True,
+                        "description": "a route alias",
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": _json("the model", _MODEL),
+                    **_UNAUTHENTICATED,
+                    **_errors(404, headers={}),
+                },
             }
         },
         "/healthz": {
