@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import openai
+import pydantic
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from tests.gateway.harness import KEY, fake, running_gateway
 
@@ -161,3 +165,77 @@ def test_one_model_and_the_legacy_completions_pointer(tmp_path: Path) -> None:
     assert unknown.value.code == "model_not_found"
     assert legacy.value.code == "not_found"
     assert "/v1/chat/completions" in legacy.value.message
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    celsius: int
+    tags: list[str]
+
+
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+            "required": ["city", "days"],
+        },
+    },
+}
+
+
+def test_a_tool_round_trip(tmp_path: Path) -> None:
+    """Tools reach the provider: the model calls the tool, the caller sends the tool's result,
+    and the model answers in text."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        messages: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+        first = client.chat.completions.create(
+            model="chat", messages=messages, tools=[WEATHER_TOOL]
+        )
+        call = first.choices[0].message.tool_calls
+        assert call is not None
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call[0].id, "content": '{"celsius": 4}'},
+        ]
+        second = client.chat.completions.create(
+            model="chat", messages=messages, tools=[WEATHER_TOOL]
+        )
+        client.close()
+    assert first.choices[0].finish_reason == "tool_calls"
+    function = call[0].function  # type: ignore[union-attr]
+    assert function.name == "get_weather"
+    assert json.loads(function.arguments) == {"city": "from primary", "days": 1}
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == "from primary"
+
+
+def test_structured_output_and_n(tmp_path: Path) -> None:
+    """``response_format`` json_schema through the SDK's ``.parse()``, json_object, and ``n=2``
+    answered with two choices."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        parsed = client.chat.completions.parse(
+            model="chat", messages=[{"role": "user", "content": "hi"}], response_format=Weather
+        )
+        as_json = client.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_object"},
+        )
+        two = client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], n=2
+        )
+        client.close()
+    assert parsed.choices[0].message.parsed == Weather(
+        city="from primary", celsius=0, tags=["from primary"]
+    )
+    assert json.loads(as_json.choices[0].message.content or "") == {"answer": "from primary"}
+    assert [c.index for c in two.choices] == [0, 1]
+    assert {c.message.content for c in two.choices} == {"from primary"}
+    assert two.usage is not None
+    assert two.usage.completion_tokens == 4  # two choices of two tokens

@@ -303,26 +303,8 @@ class Gateway:
             await GET_ROUTES[path](self, rt, scope, send)
         elif method == "GET" and path.startswith(MODEL_PATH):
             await self.model(rt, path[len(MODEL_PATH) :], scope, send)
-        elif path in POST_ROUTES or path in GET_ROUTES or path.startswith(MODEL_PATH):
-            allowed = "POST" if path in POST_ROUTES else "GET"
-            await send_error(
-                send, MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
-            )
-        elif path in NOT_SERVED:
-            await send_error(send, NotFound(NOT_SERVED[path]))
         else:
-            await send_json(
-                send,
-                404,
-                {
-                    "error": {
-                        "type": "not_found_error",
-                        "code": "not_found",
-                        "message": f"no route {path}",
-                        "retryable": False,
-                    }
-                },
-            )
+            await _refuse_path(method, path, send)
 
     async def _model_call(
         self, rt: Runtime, handler: Handler, scope: Scope, receive: Receive, send: Send
@@ -448,6 +430,31 @@ class Gateway:
             await send_error(send, error)
             return
         await send_json(send, 200, _model_object(alias))
+
+
+async def _refuse_path(method: str, path: str, send: Send) -> None:
+    """405 for another method on a known path; 404 for a path not served, saying what to use
+    when there is something, and for an unknown one."""
+    if path in POST_ROUTES or path in GET_ROUTES or path.startswith(MODEL_PATH):
+        allowed = "POST" if path in POST_ROUTES else "GET"
+        await send_error(
+            send, MethodNotAllowed(f"{method} is not allowed on {path}", allow=allowed)
+        )
+    elif path in NOT_SERVED:
+        await send_error(send, NotFound(NOT_SERVED[path]))
+    else:
+        await send_json(
+            send,
+            404,
+            {
+                "error": {
+                    "type": "not_found_error",
+                    "code": "not_found",
+                    "message": f"no route {path}",
+                    "retryable": False,
+                }
+            },
+        )
 
 
 def _model_object(alias: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tidegate.errors import ConfigError
 from tidegate.providers.base import JSONObject, MalformedChunk
+from tidegate.providers.fake_answers import choices_asked, content_for, tool_call_for
 from tidegate.providers.wire import (
     EncodingFormat,
     chat_chunk,
@@ -205,6 +206,8 @@ class ModelScript(_Strict):
     context_window: Annotated[int, Field(ge=1)] | None = None
     #: Whether a request ending with an assistant message is answered.
     accepts_prefill: bool = True
+    #: Whether the answer follows ``response_format`` (off: a model that ignores it).
+    honour_response_format: bool = True
     #: Length of the vectors ``/v1/embeddings`` returns.
     embedding_dimensions: Annotated[int, Field(ge=1, le=MAX_FAKE_DIMENSIONS)] = 8
     faults: tuple[Fault, ...] = ()
@@ -506,9 +509,16 @@ class ScriptRunner:
             tokens, finish = tokens[:max_tokens], "length"
         if isinstance(fault, ContentFilterFault) and fault.after_tokens is not None:
             tokens, finish = tokens[: fault.after_tokens], "content_filter"
+        text = "".join(tokens)
+        # JSON when response_format asks for it (and the model honours it)
+        shaped = content_for(body, text) if model.honour_response_format else text
+        if shaped != text:
+            tokens = _pieces(shaped)
         gap = 0.0 if model.tokens_per_second is None else 1.0 / model.tokens_per_second
         ident = _fake_id(name, attempt)
-        tally = usage(prompt_tokens, len(tokens))
+        # A stream sends one choice (the fake streams no ``n``); a whole answer has ``n``.
+        choices = 1 if body.get("stream") else choices_asked(body)
+        tally = usage(prompt_tokens, len(tokens) * choices)
         if body.get("stream"):
             return self._stream(
                 model, body, fault, make, name, tokens, finish, gap, ident, created, tally
@@ -522,6 +532,7 @@ class ScriptRunner:
             body_fault = "malformed"
         elif isinstance(fault, MissingDoneFault):
             kind = None  # nothing to leave out of a non-streamed answer
+        call = tool_call_for(body, ident, text)
         return make(
             latency=model.latency + model.ttft + gap * max(0, len(tokens) - 1),
             fault=kind,
@@ -533,6 +544,8 @@ class ScriptRunner:
                 content="".join(tokens),
                 finish_reason=finish,
                 usage=tally,
+                n=choices,
+                tool_calls=None if call is None else [call],
             ),
             body_fault=body_fault,
         )
@@ -628,6 +641,11 @@ class ScriptRunner:
             ),
             body_fault=body_fault,
         )
+
+
+def _pieces(text: str, size: int = 4) -> list[str]:
+    """``text`` in pieces of about a token each (what a stream of JSON is sent in)."""
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 def _is_token_chunk(chunk: JSONObject) -> bool:

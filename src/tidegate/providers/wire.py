@@ -46,8 +46,15 @@ def chat_completion(
     content: str | None,
     finish_reason: str | None = "stop",
     usage: JSONObject | None = None,
+    n: int = 1,
+    tool_calls: Sequence[JSONObject] | None = None,
 ) -> JSONObject:
-    """A one-choice ``chat.completion``."""
+    """A ``chat.completion`` with ``n`` alike choices; with ``tool_calls`` each choice calls
+    them (its content ``None``, its finish reason ``tool_calls``)."""
+    message: JSONObject = {"role": "assistant", "content": content}
+    if tool_calls:
+        message = {"role": "assistant", "content": None, "tool_calls": list(tool_calls)}
+        finish_reason = "tool_calls"
     body: JSONObject = {
         "id": id,
         "object": "chat.completion",
@@ -55,11 +62,12 @@ def chat_completion(
         "model": model,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
+                "index": index,
+                "message": dict(message),
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
+            for index in range(n)
         ],
     }
     if usage is not None:
