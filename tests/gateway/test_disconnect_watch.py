@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ from tests.gateway.harness import write_config
 from tidegate.clock import ManualClock, SystemClock
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import load_config
-from tidegate.gateway.pipeline import Exchange, Handler
+from tidegate.gateway.pipeline import Exchange
 from tidegate.gateway.runtime import Runtime
 from tidegate.gateway.watch import DisconnectWatches, _Watch
 
@@ -325,6 +325,9 @@ def app(tmp_path: Path) -> Gateway:
     gateway._watches = DisconnectWatches(after_s=AFTER_S)
     return gateway
 
+
+#: What a model endpoint is called as (here a plain function stands in for one).
+Handler = Callable[[Runtime, Exchange, dict[str, str], dict[str, Any], Any], Awaitable[None]]
 
 #: The handler never touches the runtime in these tests.
 NO_RUNTIME = cast(Runtime, None)

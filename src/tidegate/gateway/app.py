@@ -43,14 +43,14 @@ from tidegate.gateway.http import (
 from tidegate.gateway.logsink import configure_logging, flush_logs, log_request
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import (
+    ENDPOINTS,
     Exchange,
     Handler,
-    chat_completions,
-    embeddings,
     endpoints,
     identify,
     new_request_id,
 )
+from tidegate.gateway.pipeline.dialect import send_dialect_error
 from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits
 from tidegate.gateway.runtime import (
     Overrides,
@@ -68,10 +68,7 @@ __all__ = ["Gateway"]
 log = structlog.get_logger("tidegate")
 
 #: The model endpoints with every step (what a gateway serves until start-up has its runtime's).
-POST_ROUTES: dict[str, Handler] = {
-    "/v1/chat/completions": chat_completions,
-    "/v1/embeddings": embeddings,
-}
+POST_ROUTES: dict[str, Handler] = ENDPOINTS
 #: How often each replica reloads the shared flags: a kill switch reaches all within a second.
 FLAG_REFRESH_S = 0.25
 #: Eval-gate verdicts change rarely: reload them every 20 flag rounds (5 s).
@@ -313,6 +310,11 @@ class Gateway:
         headers = request_headers(scope)
         ex = Exchange(request_id=new_request_id(headers))
         started = rt.clock.now()
+        dialect = handler.dialect
+        if dialect.key_header is not None:  # the API's own key header stands for Authorization
+            given = dialect.authorization(headers)
+            if given is not None:
+                headers["authorization"] = given
         rt.in_flight += 1
         try:
             try:
@@ -324,8 +326,9 @@ class Gateway:
                 ex.outcome, ex.status = "client_closed", 499
                 return
             except TidegateError as error:
-                ex.status = await send_error(send, error, [("x-request-id", ex.request_id)])
-                ex.outcome = error.code
+                ex.status, ex.outcome = await send_dialect_error(
+                    send, dialect, error, [("x-request-id", ex.request_id)]
+                )
                 return
             answer = functools.partial(handler, rt, ex, headers, body)
             if not rt.tracing.enabled:

@@ -22,7 +22,7 @@ only with the cache on.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,12 +33,19 @@ from tidegate.gateway.pipeline.cache import look_up
 from tidegate.gateway.pipeline.call import call_model
 from tidegate.gateway.pipeline.checks import MAX_CHOICES, MAX_INTEGER
 from tidegate.gateway.pipeline.degrade import degrade
+from tidegate.gateway.pipeline.dialect import OPENAI, Dialect
 from tidegate.gateway.pipeline.embed import embed
 from tidegate.gateway.pipeline.exchange import Exchange, new_request_id
 from tidegate.gateway.pipeline.flags import kill_switch
 from tidegate.gateway.pipeline.idempotency import claim
 from tidegate.gateway.pipeline.identify import identify, identify_chat, identify_embeddings
 from tidegate.gateway.pipeline.limits import rate_limit
+from tidegate.gateway.pipeline.messages import (
+    ANTHROPIC,
+    count_tokens,
+    identify_count,
+    identify_messages,
+)
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.route import plan
 from tidegate.gateway.pipeline.steps import Pipeline, Step, run
@@ -47,17 +54,18 @@ from tidegate.gateway.runtime import Runtime
 
 __all__ = [
     "CHAT",
+    "COUNT_TOKENS",
     "EMBEDDINGS",
+    "ENDPOINTS",
     "MAX_CHOICES",
     "MAX_INTEGER",
+    "MESSAGES",
     "Endpoint",
     "Exchange",
     "Handler",
     "Pipeline",
     "Request",
     "Step",
-    "chat_completions",
-    "embeddings",
     "endpoints",
     "identify",
     "new_request_id",
@@ -112,11 +120,19 @@ EMBEDDINGS: Final = Pipeline(
 )
 
 
+#: ``POST /v1/messages``: Anthropic's Messages API, translated, on the chat steps.
+MESSAGES: Final = Pipeline((Step("identify", identify_messages), *CHAT.steps[1:]))
+#: ``POST /v1/messages/count_tokens``: no model call, nothing spent.
+COUNT_TOKENS: Final = Pipeline((Step("identify", identify_count), Step("count", count_tokens)))
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One endpoint's handler: its pipeline, as a runtime needs it, over a new request."""
+    """One endpoint's handler: its pipeline, as a runtime needs it, over a new request, and the
+    API its callers speak."""
 
     pipeline: Pipeline
+    dialect: Dialect = OPENAI
 
     def __call__(
         self,
@@ -126,33 +142,27 @@ class Endpoint:
         body: dict[str, Any],
         send: Send,
     ) -> Awaitable[None]:
-        return run(self.pipeline, Request(rt, ex, headers, body, send))
+        request = Request(rt, ex, headers, body, send)
+        if self.dialect is not OPENAI:
+            request.dialect = self.dialect
+        return run(self.pipeline, request)
 
 
 #: An endpoint's handler, as the gateway calls it.
-Handler = Callable[[Runtime, Exchange, dict[str, str], dict[str, Any], Send], Awaitable[None]]
+Handler = Endpoint
+
+#: The model endpoints by path, with every step.
+ENDPOINTS: Final = {
+    "/v1/chat/completions": Endpoint(CHAT),
+    "/v1/embeddings": Endpoint(EMBEDDINGS),
+    "/v1/messages": Endpoint(MESSAGES, ANTHROPIC),
+    "/v1/messages/count_tokens": Endpoint(COUNT_TOKENS, ANTHROPIC),
+}
 
 
-def endpoints(rt: Runtime) -> dict[str, Handler]:
+def endpoints(rt: Runtime) -> dict[str, Endpoint]:
     """The model endpoints by path, each with the steps ``rt`` needs."""
     return {
-        "/v1/chat/completions": Endpoint(CHAT.for_runtime(rt)),
-        "/v1/embeddings": Endpoint(EMBEDDINGS.for_runtime(rt)),
+        path: Endpoint(endpoint.pipeline.for_runtime(rt), endpoint.dialect)
+        for path, endpoint in ENDPOINTS.items()
     }
-
-
-def chat_completions(
-    rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
-) -> Awaitable[None]:
-    """Answer one chat completion request, streaming or not; every error becomes its 4xx/5xx.
-
-    It hands back the pipeline's coroutine rather than awaiting it in a level of its own: every
-    suspension of the upstream call passes through each level."""
-    return run(CHAT, Request(rt, ex, headers, body, send))
-
-
-def embeddings(
-    rt: Runtime, ex: Exchange, headers: Mapping[str, str], body: dict[str, Any], send: Send
-) -> Awaitable[None]:
-    """Answer one embeddings request; every error becomes its 4xx/5xx."""
-    return run(EMBEDDINGS, Request(rt, ex, headers, body, send))

@@ -8,8 +8,9 @@ from typing import Any
 import orjson
 import structlog
 
-from tidegate.errors import StoreError, http_error
+from tidegate.errors import StoreError
 from tidegate.gateway.http import send_bytes, send_raw
+from tidegate.gateway.pipeline.dialect import OPENAI, render_error
 from tidegate.gateway.pipeline.request import Request
 from tidegate.state.base import StoredResponse
 
@@ -34,6 +35,8 @@ async def answer_json(request: Request, payload: bytes) -> None:
     """Answer 200 with ``payload``: a billable answer, kept for its idempotency key first."""
     ex = request.ex
     headers = ex.raw_answer_headers()
+    if request.dialect is not OPENAI:  # another API's answer, from the chat.completion
+        payload = request.dialect.payload(payload)
     if request.idempotency is not None:  # what the key replays
         request.stored = StoredResponse(200, payload, {"content-type": "application/json"})
     request.served = True
@@ -68,8 +71,8 @@ async def answer_error(request: Request, error: Exception) -> None:
     """Answer ``error`` with its one status and body; a stream whose headers are gone ends with
     it as an in-band error event instead (the only honest signal left)."""
     ex = request.ex
-    status, body, extra = http_error(error)
-    ex.outcome, ex.status = str(body["error"]["code"]), status
+    status, body, extra, ex.outcome = render_error(request.dialect, error)
+    ex.status = status
     if status == 500:  # not an error tidegate raised on purpose: a bug worth its traceback
         log.exception("internal_error", request_id=ex.request_id)
     if ex.first_token_s is not None:

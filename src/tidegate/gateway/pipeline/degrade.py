@@ -115,7 +115,8 @@ async def _send(request: Request, answer: dict[str, Any], chunks_of: Any) -> Non
     ex = request.ex
     headers = [*ex.answer_headers(), ("x-tidegate-degraded", "true")]
     if not request.stream:
-        await send_bytes(request.send, 200, orjson.dumps(answer), headers)
+        payload = request.dialect.payload(orjson.dumps(answer))
+        await send_bytes(request.send, 200, payload, headers)
         return
     want_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
     chunks = chunks_of(answer, include_usage=want_usage)

@@ -14,6 +14,7 @@ from typing import Final
 from tidegate.errors import IdempotencyConflict, IdempotencyMismatch, InvalidRequest, StoreError
 from tidegate.gateway.http import send_bytes
 from tidegate.gateway.pipeline.cache import canonical
+from tidegate.gateway.pipeline.dialect import OPENAI
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.steps import Outcome
 from tidegate.state.base import Claim, ClaimOutcome, StoredResponse
@@ -37,7 +38,9 @@ def claim(request: Request) -> Outcome:
 
 
 async def _claim_or_replay(request: Request, key: str) -> bool:
-    fingerprint = hashlib.sha256(canonical(request.body)).hexdigest()
+    # The same request in another API is another request: its answer is in another shape.
+    dialect = b"" if request.dialect is OPENAI else request.dialect.name.encode() + b"\0"
+    fingerprint = hashlib.sha256(dialect + canonical(request.body)).hexdigest()
     scoped = request.identity.idempotency_scope + key
     found = await _claim(request, scoped, fingerprint)
     if found.outcome is ClaimOutcome.CLAIMED:

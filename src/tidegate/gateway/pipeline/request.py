@@ -12,6 +12,7 @@ from typing import Any
 from tidegate.gateway.auth import Identity
 from tidegate.gateway.canary import Canary
 from tidegate.gateway.http import Send
+from tidegate.gateway.pipeline.dialect import OPENAI, Dialect
 from tidegate.gateway.pipeline.exchange import Exchange
 from tidegate.gateway.runtime import Route, Runtime
 from tidegate.policy.admission import Ticket
@@ -37,6 +38,8 @@ class Request:
     #: Set by the route step.
     plan: RoutePlan
 
+    #: The API the caller speaks: its answers' and errors' shapes.
+    dialect: Dialect = OPENAI
     #: The route alias asked for (a budget degrade may change it to a cheaper one).
     alias: str = ""
     #: Completions asked for (``n``).
