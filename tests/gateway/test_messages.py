@@ -210,7 +210,10 @@ async def test_what_the_provider_is_sent(tmp_path: Path) -> None:
     assert by_key.json()["usage"] == {"input_tokens": 5, "output_tokens": 1}
     assert no_key.status_code == 401
     assert no_key.json()["error"]["type"] == "authentication_error"
-    assert streamed.status_code == 400
+    assert streamed.status_code == 200
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.startswith("event: message_start\n")
+    assert streamed.text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
     sent = seen[0]
     assert sent["messages"] == [
         {"role": "system", "content": "Be brief."},

@@ -76,9 +76,10 @@ async def answer_error(request: Request, error: Exception) -> None:
     if status == 500:  # not an error tidegate raised on purpose: a bug worth its traceback
         log.exception("internal_error", request_id=ex.request_id)
     if ex.first_token_s is not None:
-        await request.send(
-            {"type": "http.response.body", "body": sse(orjson.dumps(body)), "more_body": False}
-        )
+        event = sse(orjson.dumps(body))
+        if request.dialect.stream is not None:  # another API's error event
+            event = b"event: error\n" + event
+        await request.send({"type": "http.response.body", "body": event, "more_body": False})
         return
     await send_bytes(
         request.send, status, orjson.dumps(body), [*ex.answer_headers(), *extra.items()]

@@ -121,7 +121,11 @@ async def _send(request: Request, answer: dict[str, Any], chunks_of: Any) -> Non
     want_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
     chunks = chunks_of(answer, include_usage=want_usage)
     await start_stream(request.send, headers)
-    payload = b"".join(sse(orjson.dumps(chunk)) for chunk in chunks) + sse(b"[DONE]")
+    if request.dialect.stream is not None:  # another API's events
+        shape = request.dialect.stream()
+        payload = b"".join(shape.chunk(chunk) for chunk in chunks) + shape.end(None)
+    else:
+        payload = b"".join(sse(orjson.dumps(chunk)) for chunk in chunks) + sse(b"[DONE]")
     await request.send({"type": "http.response.body", "body": payload, "more_body": False})
 
 

@@ -9,17 +9,40 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from tidegate.errors import http_error
 from tidegate.gateway.http import Send, send_json
 
-__all__ = ["OPENAI", "Dialect", "ErrorBody", "render_error", "send_dialect_error"]
+__all__ = [
+    "OPENAI",
+    "Dialect",
+    "ErrorBody",
+    "StreamShape",
+    "render_error",
+    "send_dialect_error",
+]
 
 #: An error's status and body.
 ErrorBody = tuple[int, dict[str, Any]]
+
+
+class StreamShape(Protocol):
+    """Writes one stream's OpenAI chunks as another API's events."""
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        """The events of one chunk (none for a usage-only chunk)."""
+        ...
+
+    def end(self, usage: dict[str, Any] | None) -> bytes:
+        """The events that end a complete answer."""
+        ...
+
+    def error(self, payload: dict[str, Any]) -> bytes:
+        """An in-band error (OpenAI-shaped) as this API's error event."""
+        ...
 
 
 def _same(status: int, body: dict[str, Any]) -> ErrorBody:
@@ -37,6 +60,8 @@ class Dialect:
     #: A header that may carry the API key instead of ``Authorization: Bearer`` (Anthropic's
     #: ``x-api-key``).
     key_header: str | None = None
+    #: Makes the translator of one stream (None: OpenAI's chunks are the events).
+    stream: Callable[[], StreamShape] | None = None
 
     def payload(self, completion: bytes) -> bytes:
         """The answer to send for a ``chat.completion`` written as ``completion``."""

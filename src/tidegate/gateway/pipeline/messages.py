@@ -7,7 +7,7 @@ deadline and failover; the answer is translated back (``content`` blocks, ``stop
 ``usage``), and errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with
 the statuses Anthropic uses (529 ``overloaded_error`` for every overload refusal).
 
-Streams are not translated yet: ``stream: true`` is refused with a 400 that says so.
+A stream is Anthropic's event sequence (:mod:`~.message_stream`), rescued as any stream is.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tidegate.gateway.http import send_json
 from tidegate.gateway.pipeline.checks import MAX_INTEGER
 from tidegate.gateway.pipeline.dialect import Dialect, ErrorBody
 from tidegate.gateway.pipeline.identify import identify_chat
+from tidegate.gateway.pipeline.message_stream import MessageStream
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.spend import estimate_prompt_tokens
 
@@ -113,7 +114,9 @@ def _arguments(raw: Any) -> dict[str, Any]:
 
 
 #: ``POST /v1/messages``: Anthropic's shapes, the key also in ``x-api-key``.
-ANTHROPIC = Dialect("anthropic", answer=message_of, error=_error, key_header="x-api-key")
+ANTHROPIC = Dialect(
+    "anthropic", answer=message_of, error=_error, key_header="x-api-key", stream=MessageStream
+)
 
 
 # --------------------------------------------------------------------------- the request
@@ -126,8 +129,6 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest("max_tokens: Field required")
     if type(max_tokens) is not int or not 0 < max_tokens <= MAX_INTEGER:
         raise InvalidRequest(f"max_tokens: an integer from 1 to {MAX_INTEGER} is required")
-    if body.get("stream"):
-        raise InvalidRequest("streaming is not served on /v1/messages yet: send stream false")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: a non-empty list is required")
@@ -137,6 +138,8 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
         turns += _turn(i, message)
     chat["messages"] = turns
     chat.update(_options(body))
+    if body.get("stream") is True:  # the usage goes out with message_delta
+        chat["stream"], chat["stream_options"] = True, {"include_usage": True}
     return chat
 
 

@@ -86,10 +86,12 @@ async def stream_answer(request: Request) -> None:
     opened = await open_stream(request, body)
     ex.served_by = opened.spec.name
     ex.served_model = rt.provider_configs[opened.spec.name].model
+    shape = request.dialect.stream
     writer = StreamWriter(
         request.send,
-        want_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        want_usage=shape is None and bool((body.get("stream_options") or {}).get("include_usage")),
         clean=rt.output_filter.clean,
+        shape=None if shape is None else shape(),
     )
     await writer.start(ex.answer_headers())
     ex.first_token_s = rt.clock.now() - started

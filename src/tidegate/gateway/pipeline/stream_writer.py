@@ -11,6 +11,7 @@ import orjson
 
 from tidegate.gateway.http import Send, start_stream
 from tidegate.gateway.pipeline.answer import sse
+from tidegate.gateway.pipeline.dialect import StreamShape
 
 __all__ = ["StreamWriter", "content_of", "finish_of"]
 
@@ -44,6 +45,8 @@ class StreamWriter:
     finished: bool = False
     malformed: int = 0
     events: list[bytes] = field(default_factory=list)
+    #: Another API's events for the chunks (None: OpenAI's own ``data:`` events).
+    shape: StreamShape | None = None
 
     async def start(self, headers: list[tuple[str, str]]) -> None:
         await start_stream(self.send, headers)
@@ -67,7 +70,12 @@ class StreamWriter:
                 if not chunk.get("choices"):
                     return
                 chunk = {k: v for k, v in chunk.items() if k != "usage"}
-        await self._write(sse(orjson.dumps(chunk)))
+        if self.shape is None:
+            await self._write(sse(orjson.dumps(chunk)))
+            return
+        events = self.shape.chunk(chunk)
+        if events:
+            await self._write(events)
 
     def _relabel(self, chunk: dict[str, Any], *, continuing: bool) -> None:
         """The chunk under the stream's first id and model, its text cleaned, and (continuing
@@ -104,6 +112,10 @@ class StreamWriter:
         self.finish_reason = None
 
     async def done(self, tidegate: dict[str, Any]) -> None:
+        if self.shape is not None:
+            await self._write(self.shape.end(self.usage), last=True)
+            self.finished = True
+            return
         if self.want_usage and self.usage is None:
             usage = {"prompt_tokens": 0, "completion_tokens": max(1, len(self.text) // 4)}
             usage["total_tokens"] = usage["completion_tokens"]
@@ -128,7 +140,8 @@ class StreamWriter:
         self.finished = True
 
     async def fail(self, payload: dict[str, Any]) -> None:
-        await self._write(sse(orjson.dumps(payload)), last=True)
+        events = sse(orjson.dumps(payload)) if self.shape is None else self.shape.error(payload)
+        await self._write(events, last=True)
 
     def transcript(self) -> bytes:
         return b"".join(self.events)
