@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MessageStream", "stream_error_type"]
+__all__ = ["STOP_REASONS", "MessageStream", "stream_error_type"]
 
-_STOP_REASONS = {
+#: Anthropic's ``stop_reason`` for a chat completion's ``finish_reason``.
+STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
     "tool_calls": "tool_use",
@@ -73,7 +74,7 @@ class MessageStream:
             for call in delta.get("tool_calls") or ():
                 out += self._tool_call(call)
             if choice.get("finish_reason"):
-                self._stop_reason = _STOP_REASONS.get(choice["finish_reason"], "end_turn")
+                self._stop_reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")
         return out
 
     def end(self, usage: dict[str, Any] | None) -> bytes:

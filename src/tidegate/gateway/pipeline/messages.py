@@ -20,7 +20,7 @@ from tidegate.gateway.http import send_json
 from tidegate.gateway.pipeline.checks import MAX_INTEGER
 from tidegate.gateway.pipeline.dialect import Dialect, ErrorBody
 from tidegate.gateway.pipeline.identify import identify_chat
-from tidegate.gateway.pipeline.message_stream import MessageStream
+from tidegate.gateway.pipeline.message_stream import STOP_REASONS, MessageStream
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.spend import estimate_prompt_tokens
 
@@ -53,12 +53,6 @@ _ERROR_TYPES: dict[int, tuple[str, int]] = {
     # is Anthropic's overloaded_error, whose status is 529 (its SDKs retry it).
     503: ("overloaded_error", 529),
     504: ("timeout_error", 504),
-}
-_STOP_REASONS = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_use",
-    "content_filter": "refusal",
 }
 #: Request fields passed on as they are (the rest of the body is translated or not sent).
 _SAME = ("temperature", "top_p")
@@ -94,7 +88,7 @@ def message_of(completion: dict[str, Any]) -> dict[str, Any]:
         "role": "assistant",
         "model": completion.get("model", ""),
         "content": blocks,
-        "stop_reason": _STOP_REASONS.get(str(choice.get("finish_reason")), "end_turn"),
+        "stop_reason": STOP_REASONS.get(str(choice.get("finish_reason")), "end_turn"),
         "stop_sequence": None,
         "usage": {
             "input_tokens": usage.get("prompt_tokens", 0),
