@@ -185,3 +185,41 @@ async def test_slow_first_token_fails_over_at_the_ttft_limit(gateway_client: App
         assert response.headers["x-tidegate-tried"] == "p=timeout"
         assert response.headers["x-tidegate-served-by"] == "b"
         assert elapsed < 2.0
+
+
+async def test_a_rescued_stream_bills_each_provider_its_part(gateway_client: AppFactory) -> None:
+    """After a continuation the primary's part (40 words, reported by nobody: estimated from its
+    text) and the fallback's (its own usage) are each priced at their model's price; the usage
+    the client is shown counts both, the fallback's chunks name its model, and the log line
+    names both providers."""
+    primary = fake(WORDS, model="m-p", faults=[{"kind": "cut_after", "tokens": 40}])
+    fallback = {**fake(WORDS, model="m-b"), "accepts_prefill": True}
+    prices = {
+        "m-p": {"input_per_1k": 1.0, "output_per_1k": 10.0},
+        "m-b": {"input_per_1k": 2.0, "output_per_1k": 20.0},
+    }
+    lines: list[dict[str, Any]] = []
+    ask = {**CHAT, "stream_options": {"include_usage": True}}
+    async with gateway_client(two_providers(primary, fallback, prices=prices)) as (client, app):
+        app._log_request = lines.append
+        response = await client.post("/v1/chat/completions", json=ask)
+        metrics = app.runtime.metrics
+        spend = {m: metrics.spend.labels(m).value for m in ("m-p", "m-b")}
+        completion = {m: metrics.tokens.labels(m, "completion").value for m in ("m-p", "m-b")}
+    items = events(response.content)
+    assert text_of(items) == WORDS
+    first_40 = " ".join(WORDS.split()[:40])
+    primary_completion = len(first_40) // 4  # estimated from the text it streamed
+    assert completion["m-p"] == primary_completion
+    assert completion["m-b"] == 20  # the fallback's own count: the 20 words it added
+    assert spend["m-p"] > 0
+    assert spend["m-b"] > 0
+    models = {c["model"] for c in items if isinstance(c, dict) and c.get("choices")}
+    assert models == {"m-p", "m-b"}
+    shown = next(c["usage"] for c in items if isinstance(c, dict) and c.get("usage"))
+    assert shown["completion_tokens"] == primary_completion + 20
+    line = lines[-1]
+    assert line["served_by"] == "p,b"
+    assert line["model"] == "m-p,m-b"
+    assert line["completion_tokens"] == primary_completion + 20
+    assert line["cost_usd"] == pytest.approx(spend["m-p"] + spend["m-b"], abs=1e-8)

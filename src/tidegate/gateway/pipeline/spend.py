@@ -12,6 +12,7 @@ from tidegate.gateway.runtime import Runtime
 
 __all__ = [
     "account",
+    "account_usage",
     "estimate_prompt_tokens",
     "input_tokens",
     "is_count",
@@ -85,5 +86,13 @@ def account(rt: Runtime, ex: Exchange) -> None:
     spend, prompt, completion = rt.metrics.model_children(ex.served_model)
     usage = ex.usage
     spend.inc(ex.cost)
+    prompt.inc(usage.get("prompt_tokens", 0))
+    completion.inc(usage.get("completion_tokens", 0))
+
+
+def account_usage(rt: Runtime, model: str, cost: float, usage: Mapping[str, int]) -> None:
+    """Count ``cost`` and ``usage``'s tokens against ``model``."""
+    spend, prompt, completion = rt.metrics.model_children(model)
+    spend.inc(cost)
     prompt.inc(usage.get("prompt_tokens", 0))
     completion.inc(usage.get("completion_tokens", 0))

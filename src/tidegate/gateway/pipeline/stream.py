@@ -41,7 +41,7 @@ from tidegate.gateway.http import DRAIN_ENDED
 from tidegate.gateway.pipeline.answer import close
 from tidegate.gateway.pipeline.attempt import attempt
 from tidegate.gateway.pipeline.request import Request
-from tidegate.gateway.pipeline.spend import account, price, usage_of
+from tidegate.gateway.pipeline.spend import account_usage, price, usage_of
 from tidegate.gateway.pipeline.stream_writer import StreamWriter, content_of, finish_of
 from tidegate.policy.attempts import Attempts, Call
 from tidegate.policy.routing import ProviderSpec
@@ -92,6 +92,7 @@ async def stream_answer(request: Request) -> None:
         want_usage=shape is None and bool((body.get("stream_options") or {}).get("include_usage")),
         clean=rt.output_filter.clean,
         shape=None if shape is None else shape(),
+        authors=[(opened.spec.name, 0)],
     )
     await writer.start(ex.answer_headers())
     ex.first_token_s = rt.clock.now() - started
@@ -109,11 +110,28 @@ async def stream_answer(request: Request) -> None:
 
 
 def _bill(request: Request, writer: StreamWriter) -> None:
+    """Bill what was streamed, each provider's part at its own model's price: the last
+    provider's by its reported usage, an earlier one's (cut short, it reports none) by its text.
+    The log and the metrics name every provider that served."""
     rt, ex = request.rt, request.ex
-    usage = {"usage": writer.usage} if writer.usage else {}
-    ex.usage = usage_of(usage, request.body, len(writer.text))
-    ex.cost = price(rt, ex.served_model, ex.usage["prompt_tokens"], ex.usage["completion_tokens"])
-    account(rt, ex)
+    authors = writer.authors
+    ends = [at for _, at in authors[1:]] + [len(writer.text)]
+    shares: list[tuple[str, dict[str, int]]] = []
+    for i, (name, at) in enumerate(authors):
+        reported = {"usage": writer.usage} if writer.usage and i == len(authors) - 1 else {}
+        shares.append((rt.model_ids[name], usage_of(reported, request.body, max(0, ends[i] - at))))
+    ex.usage = {
+        key: sum(usage[key] for _, usage in shares)
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+    }
+    ex.cost = 0.0
+    for model, usage in shares:
+        cost = price(rt, model, usage["prompt_tokens"], usage["completion_tokens"])
+        account_usage(rt, model, cost, usage)
+        ex.cost += cost
+    if len(authors) > 1:
+        ex.served_by = ",".join(name for name, _ in authors)
+        ex.served_model = ",".join(model for model, _ in shares)
 
 
 async def open_stream(
@@ -298,10 +316,14 @@ async def _relay(request: Request, writer: StreamWriter, opened: OpenStream) -> 
     result = await pump(request, writer, opened, continuing=False)
     strategy = ""
     if not result.complete:
+        # What the client has so far, as the usage it is shown will count it.
+        writer.carried = usage_of({}, request.body, len(writer.text))
+        at = len(writer.text)
         for spec in _fallbacks(request, opened.spec):
             strategy, result = await _rescue(request, writer, spec)
             if strategy:
                 served.append(spec.name)
+                writer.handed_over(spec.name, 0 if strategy == "reset" else at)
                 break
     if result.complete:
         tidegate: dict[str, Any] = {}

@@ -47,6 +47,12 @@ class StreamWriter:
     events: list[bytes] = field(default_factory=list)
     #: Another API's events for the chunks (None: OpenAI's own ``data:`` events).
     shape: StreamShape | None = None
+    #: Who wrote the answer: each provider whose text reached the client, and where in
+    #: :attr:`text` its part begins (a rescue adds one).
+    authors: list[tuple[str, int]] = field(default_factory=list)
+    #: The tokens of the parts before a rescuer's, added to the usage the client is shown (the
+    #: rescuer reports only its own); :attr:`usage` stays the last provider's.
+    carried: dict[str, int] | None = None
 
     async def start(self, headers: list[tuple[str, str]]) -> None:
         await start_stream(self.send, headers)
@@ -66,6 +72,8 @@ class StreamWriter:
         self.finish_reason = finish or self.finish_reason
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+            if self.carried is not None:
+                chunk["usage"] = _added(self.carried, chunk["usage"])
             if not self.want_usage:
                 if not chunk.get("choices"):
                     return
@@ -78,14 +86,14 @@ class StreamWriter:
             await self._write(events)
 
     def _relabel(self, chunk: dict[str, Any], *, continuing: bool) -> None:
-        """The chunk under the stream's first id and model, its text cleaned, and (continuing
-        a rescued stream) without a second role."""
+        """The chunk under the stream's first id, its text cleaned, and (continuing a rescued
+        stream) without a second role; its ``model`` is the model that wrote it."""
         if self.chunk_id is None:
             self.chunk_id = chunk.get("id")
             self.model = chunk.get("model")
         else:
             chunk["id"] = self.chunk_id
-        if self.model is not None:
+        if self.model is not None and not continuing:
             chunk["model"] = self.model
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
@@ -143,5 +151,18 @@ class StreamWriter:
         events = sse(orjson.dumps(payload)) if self.shape is None else self.shape.error(payload)
         await self._write(events, last=True)
 
+    def handed_over(self, provider: str, at: int) -> None:
+        """``provider`` rescued the answer: its part begins at ``at`` in :attr:`text`."""
+        self.authors.append((provider, at))
+
     def transcript(self) -> bytes:
         return b"".join(self.events)
+
+
+def _added(earlier: dict[str, int], usage: dict[str, Any]) -> dict[str, Any]:
+    """``usage`` with ``earlier``'s token counts added."""
+    total = dict(usage)
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if isinstance(total.get(key), int):
+            total[key] += earlier.get(key, 0)
+    return total
