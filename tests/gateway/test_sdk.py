@@ -239,3 +239,24 @@ def test_structured_output_and_n(tmp_path: Path) -> None:
     assert {c.message.content for c in two.choices} == {"from primary"}
     assert two.usage is not None
     assert two.usage.completion_tokens == 4  # two choices of two tokens
+
+
+def test_langchain_chat_openai_with_bound_tools(tmp_path: Path) -> None:
+    """LangChain's ``ChatOpenAI`` pointed at the gateway: a tool bound with ``bind_tools`` comes
+    back as LangChain's tool call, and a plain invoke as text."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "4 C"
+
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        model = ChatOpenAI(model="chat", base_url=f"{base}/v1", api_key=KEY, max_retries=0)  # type: ignore[arg-type]
+        called = model.bind_tools([get_weather]).invoke("Weather in Oslo?")
+        plain = model.invoke("hi")
+    assert [(c["name"], c["args"]) for c in called.tool_calls] == [
+        ("get_weather", {"city": "from primary"})
+    ]
+    assert plain.content == "from primary"
