@@ -14,14 +14,10 @@ import pytest
 from anthropic.types import ToolParam
 
 from tests.gateway.harness import KEY, fake, in_process_gateway, running_gateway
+from tests.gateway.test_sdk import BASIC as SDK_BASIC
 
-BASIC = {
-    "providers": {
-        "primary": fake("from primary", model="model-a"),
-        "backup": fake("from backup", model="model-b"),
-    },
-    "models": {"claude-alias": {"providers": ["primary", "backup"]}},
-}
+#: test_sdk's two fakes, under a Claude-looking alias.
+BASIC = {**SDK_BASIC, "models": {"claude-alias": SDK_BASIC["models"]["chat"]}}
 WEATHER: ToolParam = {
     "name": "get_weather",
     "description": "The weather in a city",

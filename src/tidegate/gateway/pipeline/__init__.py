@@ -47,6 +47,7 @@ from tidegate.gateway.pipeline.messages import (
     identify_messages,
 )
 from tidegate.gateway.pipeline.request import Request
+from tidegate.gateway.pipeline.responses import RESPONSES, identify_response
 from tidegate.gateway.pipeline.route import plan
 from tidegate.gateway.pipeline.steps import Pipeline, Step, run
 from tidegate.gateway.pipeline.version import select_version
@@ -60,6 +61,7 @@ __all__ = [
     "MAX_CHOICES",
     "MAX_INTEGER",
     "MESSAGES",
+    "RESPONSES_STEPS",
     "Endpoint",
     "Exchange",
     "Handler",
@@ -122,6 +124,8 @@ EMBEDDINGS: Final = Pipeline(
 
 #: ``POST /v1/messages``: Anthropic's Messages API, translated, on the chat steps.
 MESSAGES: Final = Pipeline((Step("identify", identify_messages), *CHAT.steps[1:]))
+#: ``POST /v1/responses``: OpenAI's Responses API, translated, on the chat steps.
+RESPONSES_STEPS: Final = Pipeline((Step("identify", identify_response), *CHAT.steps[1:]))
 #: ``POST /v1/messages/count_tokens``: no model call, nothing spent.
 COUNT_TOKENS: Final = Pipeline((Step("identify", identify_count), Step("count", count_tokens)))
 
@@ -157,6 +161,7 @@ ENDPOINTS: Final = {
     "/v1/embeddings": Endpoint(EMBEDDINGS),
     "/v1/messages": Endpoint(MESSAGES, ANTHROPIC),
     "/v1/messages/count_tokens": Endpoint(COUNT_TOKENS, ANTHROPIC),
+    "/v1/responses": Endpoint(RESPONSES_STEPS, RESPONSES),
 }
 
 
