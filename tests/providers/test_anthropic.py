@@ -123,11 +123,19 @@ def test_images_become_image_blocks() -> None:
 @pytest.mark.parametrize(
     "extra",
     [
-        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"functions": [{"name": "f"}]},
+        {"tools": [{"type": "custom", "custom": {"name": "f"}}]},
         {"n": 2},
         {"logprobs": True},
         {"response_format": {"type": "json_object"}},
-        {"messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}]},
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "[1]"}}],
+                }
+            ]
+        },
     ],
 )
 def test_untranslatable_features_are_refused(extra: dict[str, Any]) -> None:
@@ -511,3 +519,140 @@ def test_usage_counts_that_are_not_numbers_count_as_none() -> None:
     data = {**MESSAGE, "usage": {"input_tokens": "many", "output_tokens": None}}
     completion = from_messages_response(data, created=0)
     assert completion["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def _valid_for_anthropic(request: dict[str, Any]) -> None:
+    """``request`` fits the Messages API request type Anthropic's own SDK publishes."""
+    from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
+    from pydantic import TypeAdapter
+
+    TypeAdapter(MessageCreateParamsNonStreaming).validate_python(request, strict=False)
+
+
+def test_tools_and_a_tool_round_trip_are_translated() -> None:
+    """Tools, the tool choice, an assistant's tool calls and the tool's result become Anthropic's
+    tools, tool_choice, tool_use and tool_result blocks, in a request Anthropic's types accept."""
+    body = {
+        "model": "c",
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {
+                "role": "assistant",
+                "content": "Looking.",
+                "tool_calls": [
+                    {
+                        "id": "t1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "t1", "content": "4 C"},
+        ],
+    }
+    request = to_messages_request(body, default_max_tokens=9)
+    assert request["tools"] == [
+        {
+            "name": "get_weather",
+            "input_schema": WEATHER["function"]["parameters"],  # type: ignore[index]
+            "description": "The weather in a city",
+        }
+    ]
+    assert request["tool_choice"] == {
+        "type": "tool",
+        "name": "get_weather",
+        "disable_parallel_tool_use": True,
+    }
+    assert request["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4 C"}],
+        },
+    ]
+    _valid_for_anthropic(request)
+    _valid_for_anthropic(
+        to_messages_request({**body, "tool_choice": "required"}, default_max_tokens=9)
+    )
+
+
+def test_a_tool_use_answer_is_a_tool_call() -> None:
+    data = {
+        "id": "msg_1",
+        "type": "message",
+        "model": "claude-x",
+        "stop_reason": "tool_use",
+        "content": [
+            {"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}},
+        ],
+        "usage": {"input_tokens": 5, "output_tokens": 7},
+    }
+    choice = from_messages_response(data, created=1)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Looking."
+    assert choice["message"]["tool_calls"] == [
+        {
+            "id": "t1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+        }
+    ]
+
+
+def test_a_streamed_tool_use_is_a_tool_call_delta() -> None:
+    translator = AnthropicStreamTranslator(created=1)
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "m", "model": "claude-x", "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hm."}},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"city"'},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": ': "Oslo"}'},
+        },
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use"},
+            "usage": {"output_tokens": 9},
+        },
+    ]
+    deltas = [c["choices"][0] for e in events for c in translator.feed(e)]
+    calls = [d["delta"]["tool_calls"][0] for d in deltas if "tool_calls" in d["delta"]]
+    assert calls[0] == {
+        "index": 0,
+        "id": "t1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Oslo"}'
+    assert deltas[-1]["finish_reason"] == "tool_calls"

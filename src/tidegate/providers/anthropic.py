@@ -183,8 +183,8 @@ def finish_reason_for(stop_reason: str | None) -> str | None:
 
 
 def _unsupported(body: JSONObject, provider: str) -> None:
-    # tool_choice and function_call mean nothing without tools, and tools are refused anyway.
-    refused = [key for key in ("tools", "functions", "audio") if body.get(key)]
+    # The legacy ``functions`` (and ``function_call``) are refused: ``tools`` is their form.
+    refused = [key for key in ("functions", "audio") if body.get(key)]
     if body.get("n") not in (None, 1):
         refused.append("n")
     if body.get("logprobs") or body.get("top_logprobs"):
@@ -260,13 +260,17 @@ def to_messages_request(
         if role in _SYSTEM_ROLES:
             system.append(_text_of(_blocks(message.get("content"), provider)))
             continue
-        if role not in ("user", "assistant") or message.get("tool_calls"):
+        if role == "tool":  # a tool's result: the user's turn, as Anthropic has it
+            role, blocks = "user", [_tool_result(message)]
+        elif role in ("user", "assistant"):
+            blocks = _blocks(message.get("content"), provider)
+            blocks += [_tool_use(call, provider) for call in message.get("tool_calls") or ()]
+        else:
             raise ProviderError(
                 K.BAD_REQUEST,
-                f"the Anthropic translation does not support {role!r} messages or tool calls",
+                f"the Anthropic translation does not support {role!r} messages",
                 provider=provider,
             )
-        blocks = _blocks(message.get("content"), provider)
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
         else:
@@ -289,7 +293,76 @@ def to_messages_request(
             request[key] = body[key]
     if body.get("user"):
         request["metadata"] = {"user_id": str(body["user"])}
+    request.update(_tools(body, provider))
     return request
+
+
+def _tool_use(call: Any, provider: str) -> JSONObject:
+    """An OpenAI tool call as a ``tool_use`` block (its arguments must be a JSON object)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise ProviderError(K.BAD_REQUEST, "a tool call without a function", provider=provider)
+    try:
+        arguments = orjson.loads(function.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ProviderError(
+            K.BAD_REQUEST, "a tool call's arguments must be a JSON object", provider=provider
+        )
+    return {
+        "type": "tool_use",
+        "id": str(call.get("id", "")),
+        "name": str(function.get("name", "")),
+        "input": arguments,
+    }
+
+
+def _tool_result(message: JSONObject) -> JSONObject:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return {
+        "type": "tool_result",
+        "tool_use_id": str(message.get("tool_call_id", "")),
+        "content": str(content or ""),
+    }
+
+
+def _tools(body: JSONObject, provider: str) -> JSONObject:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as Anthropic has them."""
+    options: JSONObject = {}
+    tools = []
+    for tool in body.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(function, dict):
+            raise ProviderError(
+                K.BAD_REQUEST,
+                "the Anthropic translation takes function tools only",
+                provider=provider,
+            )
+        entry: JSONObject = {
+            "name": function.get("name"),
+            "input_schema": function.get("parameters") or {"type": "object"},
+        }
+        if function.get("description"):
+            entry["description"] = function["description"]
+        tools.append(entry)
+    if tools:
+        options["tools"] = tools
+    choice = body.get("tool_choice")
+    chosen: JSONObject | None = None
+    if choice in ("auto", "none"):
+        chosen = {"type": choice}
+    elif choice == "required":
+        chosen = {"type": "any"}
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        chosen = {"type": "tool", "name": choice["function"].get("name")}
+    if body.get("parallel_tool_calls") is False and tools:
+        chosen = {**(chosen or {"type": "auto"}), "disable_parallel_tool_use": True}
+    if chosen is not None and (tools or chosen["type"] == "none"):
+        options["tool_choice"] = chosen
+    return options
 
 
 def _count(value: Any) -> int:
@@ -317,14 +390,30 @@ def from_messages_response(data: JSONObject, *, created: int) -> JSONObject:
     """The ``chat.completion`` for a Messages API response (text blocks only); ``data`` is one
     that :func:`messages_response_problem` accepted."""
     blocks = [block for block in data.get("content") or [] if isinstance(block, dict)]
-    return chat_completion(
+    calls = [
+        {
+            "id": str(block.get("id", "")),
+            "type": "function",
+            "function": {
+                "name": str(block.get("name", "")),
+                "arguments": orjson.dumps(block.get("input") or {}).decode(),
+            },
+        }
+        for block in blocks
+        if block.get("type") == "tool_use"
+    ]
+    completion = chat_completion(
         id=str(data.get("id", "")),
         model=str(data.get("model", "")),
         created=created,
         content=_text_of(blocks),
         finish_reason=finish_reason_for(data.get("stop_reason")),
         usage=_usage(data.get("usage") or {}),
+        tool_calls=calls or None,
     )
+    if calls and _text_of(blocks):  # text before the calls: kept beside them
+        completion["choices"][0]["message"]["content"] = _text_of(blocks)
+    return completion
 
 
 class AnthropicStreamTranslator:
@@ -341,6 +430,7 @@ class AnthropicStreamTranslator:
         "_model",
         "_provider",
         "_redactor",
+        "_tools",
         "_usage",
         "done",
         "include_usage",
@@ -360,6 +450,8 @@ class AnthropicStreamTranslator:
         self._id = ""
         self._model = ""
         self._usage: dict[str, Any] = {}
+        #: Tool-call index (OpenAI's) of each ``tool_use`` block, by block index.
+        self._tools: dict[int, int] = {}
         self.include_usage = include_usage
         self.done = False
 
@@ -377,6 +469,8 @@ class AnthropicStreamTranslator:
             return [self._chunk(delta={"role": "assistant", "content": ""})]
         if kind in ("content_block_start", "content_block_delta"):
             block = event.get("content_block") or event.get("delta") or {}
+            if block.get("type") in ("tool_use", "input_json_delta"):
+                return self._tool_chunk(event, block)
             text = block.get("text") if block.get("type") in ("text", "text_delta") else None
             return [self._chunk(delta={"content": text})] if text else []
         if kind == "message_delta":
@@ -402,6 +496,24 @@ class AnthropicStreamTranslator:
                 redactor=self._redactor,
             )
         return []  # ping, content_block_stop, and event types added after this was written
+
+    def _tool_chunk(self, event: JSONObject, block: JSONObject) -> list[JSONObject]:
+        """A ``tool_use`` block's start, or a piece of its input, as a ``tool_calls`` delta."""
+        position = event.get("index", 0)
+        if block.get("type") == "tool_use":
+            index = self._tools[position] = len(self._tools)
+            call = {
+                "index": index,
+                "id": str(block.get("id", "")),
+                "type": "function",
+                "function": {"name": str(block.get("name", "")), "arguments": ""},
+            }
+            return [self._chunk(delta={"tool_calls": [call]})]
+        piece = block.get("partial_json")
+        if position not in self._tools or not piece:
+            return []
+        call = {"index": self._tools[position], "function": {"arguments": piece}}
+        return [self._chunk(delta={"tool_calls": [call]})]
 
 
 class AnthropicProvider:
