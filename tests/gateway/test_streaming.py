@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from tests.gateway.conftest import AppFactory
-from tests.gateway.harness import fake
+from tests.gateway.harness import fake, in_process_gateway
+from tidegate.errors import ProviderError, ProviderErrorKind
 
 pytestmark = pytest.mark.asyncio
 
@@ -223,3 +225,57 @@ async def test_a_rescued_stream_bills_each_provider_its_part(gateway_client: App
     assert line["model"] == "m-p,m-b"
     assert line["completion_tokens"] == primary_completion + 20
     assert line["cost_usd"] == pytest.approx(spend["m-p"] + spend["m-b"], abs=1e-8)
+
+
+async def test_a_stream_cut_inside_a_tool_call_ends_explicitly(tmp_path: Path) -> None:
+    """Part of a tool call's arguments went out when the stream broke: no fallback is asked to
+    finish it (it could not be made one well-formed call), the stream ends stream_incomplete."""
+
+    def chunk(delta: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m-p",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+        }
+
+    call = {
+        "index": 0,
+        "id": "t1",
+        "type": "function",
+        "function": {"name": "f", "arguments": '{"ci'},
+    }
+    cut = [
+        chunk({"role": "assistant", "content": None}),
+        chunk({"tool_calls": [call]}),
+        ProviderError(ProviderErrorKind.CONNECTION, "the connection dropped", provider="p"),
+    ]
+    fallback_called: list[int] = []
+
+    def fallback(body: Any, number: int) -> Any:
+        fallback_called.append(number)
+        return {
+            "id": "c2",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m-b",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "x"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+
+    config = two_providers(fake(model="m-p"), {**fake(model="m-b"), "accepts_prefill": True})
+    async with in_process_gateway(tmp_path, config, {"p": lambda body, n: cut, "b": fallback}) as (
+        client,
+        _,
+    ):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    items = events(response.content)
+    assert items[-1]["error"]["code"] == "stream_incomplete"
+    assert "[DONE]" not in items
+    assert fallback_called == []

@@ -16,6 +16,10 @@ preference:
 4. otherwise an **explicit end**: an in-band SSE error event in OpenAI's error shape, code
    ``stream_incomplete``, and no ``[DONE]``, never a success-looking terminator over missing text.
 
+A stream that broke after part of a tool call went out is not rescued: neither a prefill nor a
+restart can be relied on to finish those arguments as one well-formed call, so it ends
+explicitly.
+
 Which strategy rescued a stream is counted in ``tidegate_stream_rescues_total{strategy}`` and
 named in the final chunk's ``tidegate`` field. A stream's breaker permit ends with the stream
 (through its :class:`~tidegate.policy.attempts.Attempts`, by the same evidence rule as any call).
@@ -315,7 +319,7 @@ async def _relay(request: Request, writer: StreamWriter, opened: OpenStream) -> 
     served = [opened.spec.name]
     result = await pump(request, writer, opened, continuing=False)
     strategy = ""
-    if not result.complete:
+    if not result.complete and not writer.tool_call_sent:
         # What the client has so far, as the usage it is shown will count it.
         writer.carried = usage_of({}, request.body, len(writer.text))
         at = len(writer.text)

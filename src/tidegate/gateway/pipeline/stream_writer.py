@@ -53,6 +53,8 @@ class StreamWriter:
     #: The tokens of the parts before a rescuer's, added to the usage the client is shown (the
     #: rescuer reports only its own); :attr:`usage` stays the last provider's.
     carried: dict[str, int] | None = None
+    #: Part of a tool call went out: a rescue could not make it whole (see stream.py).
+    tool_call_sent: bool = False
 
     async def start(self, headers: list[tuple[str, str]]) -> None:
         await start_stream(self.send, headers)
@@ -70,6 +72,11 @@ class StreamWriter:
             return  # a rescuer's opening role chunk: the client already has one
         self.text += added
         self.finish_reason = finish or self.finish_reason
+        if not self.tool_call_sent:
+            self.tool_call_sent = any(
+                (choice.get("delta") or {}).get("tool_calls")
+                for choice in chunk.get("choices") or ()
+            )
         if chunk.get("usage"):
             self.usage = chunk["usage"]
             if self.carried is not None:
