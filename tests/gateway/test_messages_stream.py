@@ -167,3 +167,40 @@ def test_an_unrescuable_stream_ends_with_an_error_event(tmp_path: Path) -> None:
         client.close()
     assert "".join(received) == " ".join(WORDS.split()[:40])
     assert "incomplete" in str(ended.value)
+
+
+def test_a_streamed_tool_use_through_the_sdk(tmp_path: Path) -> None:
+    """The fake streams its call's arguments in pieces; the SDK assembles Anthropic's tool_use
+    block from the input_json_delta events, and a model scripted not to call answers in text."""
+    tool: Any = {
+        "name": "get_weather",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }
+    config = {
+        "providers": {
+            "p": fake("from the stream", model="model-a"),
+            "q": fake("plain text", model="model-q", call_tools=False),
+        },
+        "models": {"claude-alias": {"providers": ["p"]}, "texter": {"providers": ["q"]}},
+    }
+    with running_gateway(tmp_path, config) as (base, _):
+        client = anthropic.Anthropic(base_url=base, api_key=KEY, max_retries=0)
+        with client.messages.stream(
+            model="claude-alias", max_tokens=64, messages=ASK, tools=[tool]
+        ) as stream:
+            final = stream.get_final_message()
+        with client.messages.stream(
+            model="texter", max_tokens=64, messages=ASK, tools=[tool]
+        ) as stream:
+            texted = stream.get_final_message()
+        client.close()
+    assert final.stop_reason == "tool_use"
+    use = final.content[-1]
+    assert use.type == "tool_use"
+    assert (use.name, use.input) == ("get_weather", {"city": "from the stream"})
+    assert texted.stop_reason == "end_turn"
+    assert texted.content[0].type == "text"

@@ -121,3 +121,13 @@ def test_a_stream_cut_mid_answer_is_rescued(tmp_path: Path) -> None:
         seen = [model for model, _ in up.seen()]
     assert final.output_text == WORDS
     assert seen == ["primary-model", "fallback-model"]
+
+
+def test_a_streamed_function_call(tmp_path: Path) -> None:
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        with client.responses.stream(model="chat", input="Weather?", tools=[TOOL]) as stream:
+            final = stream.get_final_response()
+        client.close()
+    call = next(item for item in final.output if item.type == "function_call")
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "from primary"})

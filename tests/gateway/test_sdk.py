@@ -260,3 +260,30 @@ def test_langchain_chat_openai_with_bound_tools(tmp_path: Path) -> None:
         ("get_weather", {"city": "from primary"})
     ]
     assert plain.content == "from primary"
+
+
+def test_a_streamed_tool_call(tmp_path: Path) -> None:
+    """A tool call streamed in pieces reaches the SDK as tool_calls deltas that add up to the
+    whole call, ending with finish_reason tool_calls."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        chunks = list(
+            client.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                tools=[WEATHER_TOOL],
+                stream=True,
+            )
+        )
+        client.close()
+    calls = [
+        call
+        for chunk in chunks
+        if chunk.choices
+        for call in chunk.choices[0].delta.tool_calls or ()
+    ]
+    assert calls[0].function is not None
+    assert calls[0].function.name == "get_weather"
+    arguments = "".join((c.function.arguments or "") for c in calls if c.function)
+    assert json.loads(arguments) == {"city": "from primary", "days": 1}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"

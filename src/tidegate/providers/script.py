@@ -206,6 +206,8 @@ class ModelScript(_Strict):
     context_window: Annotated[int, Field(ge=1)] | None = None
     #: Whether a request ending with an assistant message is answered.
     accepts_prefill: bool = True
+    #: Whether the model calls a function when tools are offered (off: it answers in text).
+    call_tools: bool = True
     #: Whether the answer follows ``response_format`` (off: a model that ignores it).
     honour_response_format: bool = True
     #: Length of the vectors ``/v1/embeddings`` returns.
@@ -516,12 +518,16 @@ class ScriptRunner:
             tokens = _pieces(shaped)
         gap = 0.0 if model.tokens_per_second is None else 1.0 / model.tokens_per_second
         ident = _fake_id(name, attempt)
+        call = tool_call_for(body, ident, text) if model.call_tools else None
         # A stream sends one choice (the fake streams no ``n``); a whole answer has ``n``.
         choices = 1 if body.get("stream") else choices_asked(body)
         tally = usage(prompt_tokens, len(tokens) * choices)
         if body.get("stream"):
+            if call is not None:  # the call's arguments are what is streamed
+                tokens, finish = _pieces(call["function"]["arguments"]), "tool_calls"
+                tally = usage(prompt_tokens, len(tokens))
             return self._stream(
-                model, body, fault, make, name, tokens, finish, gap, ident, created, tally
+                model, body, fault, make, name, tokens, finish, gap, ident, created, tally, call
             )
         body_fault: Literal["cut", "stall", "malformed"] | None = None
         if isinstance(fault, CutAfterFault):
@@ -532,7 +538,6 @@ class ScriptRunner:
             body_fault = "malformed"
         elif isinstance(fault, MissingDoneFault):
             kind = None  # nothing to leave out of a non-streamed answer
-        call = tool_call_for(body, ident, text)
         return make(
             latency=model.latency + model.ttft + gap * max(0, len(tokens) - 1),
             fault=kind,
@@ -563,17 +568,22 @@ class ScriptRunner:
         ident: str,
         created: int,
         tally: JSONObject,
+        call: JSONObject | None = None,
     ) -> Plan:
+        """A stream of ``tokens``: the text, or (with ``call``) the call's arguments in pieces."""
         common: dict[str, Any] = {"id": ident, "model": name, "created": created}
         data: list[JSONObject | MalformedChunk] = [
             chat_chunk(**common, delta={"role": "assistant", "content": ""})
         ]
+        if call is not None:
+            header = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+            data.append(chat_chunk(**common, delta={"tool_calls": [header]}))
         ending: Literal["done", "missing_done", "cut", "stall"] = "done"
         stop_at = len(tokens)
         if isinstance(fault, CutAfterFault | StallAfterFault):
             stop_at = min(fault.tokens, len(tokens))
             ending = "cut" if isinstance(fault, CutAfterFault) else "stall"
-        data += [chat_chunk(**common, delta={"content": token}) for token in tokens[:stop_at]]
+        data += [chat_chunk(**common, delta=_delta(token, call)) for token in tokens[:stop_at]]
         if ending == "done":
             data.append(chat_chunk(**common, delta={}, finish_reason=finish))
             options = body.get("stream_options")
@@ -641,6 +651,13 @@ class ScriptRunner:
             ),
             body_fault=body_fault,
         )
+
+
+def _delta(token: str, call: JSONObject | None) -> JSONObject:
+    """A stream's delta for ``token``: text, or a piece of ``call``'s arguments."""
+    if call is None:
+        return {"content": token}
+    return {"tool_calls": [{"index": 0, "function": {"arguments": token}}]}
 
 
 def _pieces(text: str, size: int = 4) -> list[str]:

@@ -72,25 +72,30 @@ class StreamWriter:
             return  # a rescuer's opening role chunk: the client already has one
         self.text += added
         self.finish_reason = finish or self.finish_reason
-        if not self.tool_call_sent:
-            self.tool_call_sent = any(
-                (choice.get("delta") or {}).get("tool_calls")
-                for choice in chunk.get("choices") or ()
-            )
+        self.tool_call_sent = self.tool_call_sent or _has_tool_call(chunk)
         if chunk.get("usage"):
-            self.usage = chunk["usage"]
-            if self.carried is not None:
-                chunk["usage"] = _added(self.carried, chunk["usage"])
-            if not self.want_usage:
-                if not chunk.get("choices"):
-                    return
-                chunk = {k: v for k, v in chunk.items() if k != "usage"}
+            shown = self._usage_shown(chunk)
+            if shown is None:
+                return
+            chunk = shown
         if self.shape is None:
             await self._write(sse(orjson.dumps(chunk)))
             return
         events = self.shape.chunk(chunk)
         if events:
             await self._write(events)
+
+    def _usage_shown(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """A chunk with usage as the client is to see it (its earlier parts' tokens added),
+        without the usage unless asked for; None when nothing of it is left to send."""
+        self.usage = chunk["usage"]
+        if self.carried is not None:
+            chunk["usage"] = _added(self.carried, chunk["usage"])
+        if self.want_usage:
+            return chunk
+        if not chunk.get("choices"):
+            return None
+        return {k: v for k, v in chunk.items() if k != "usage"}
 
     def _relabel(self, chunk: dict[str, Any], *, continuing: bool) -> None:
         """The chunk under the stream's first id, its text cleaned, and (continuing a rescued
@@ -164,6 +169,12 @@ class StreamWriter:
 
     def transcript(self) -> bytes:
         return b"".join(self.events)
+
+
+def _has_tool_call(chunk: dict[str, Any]) -> bool:
+    return any(
+        (choice.get("delta") or {}).get("tool_calls") for choice in chunk.get("choices") or ()
+    )
 
 
 def _added(earlier: dict[str, int], usage: dict[str, Any]) -> dict[str, Any]:
