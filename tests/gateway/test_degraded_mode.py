@@ -161,3 +161,22 @@ async def test_readiness_fails_when_the_configured_corpus_is_empty(
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert "corpus" in ready.json()["problems"][0]
+
+
+async def test_degraded_answers_on_the_messages_api(
+    gateway_client: AppFactory, tmp_path: Path
+) -> None:
+    """/v1/messages gets the same degraded answer in Anthropic's shapes, whole and streamed."""
+    ask = {**CHAT, "max_tokens": 64}
+    async with gateway_client(both_down(tmp_path)) as (client, _):
+        whole = await client.post("/v1/messages", json=ask)
+        streamed = await client.post("/v1/messages", json={**ask, "stream": True})
+    assert whole.status_code == 200
+    assert whole.headers["x-tidegate-degraded"] == "true"
+    message = whole.json()
+    assert message["type"] == "message"
+    assert "keyctl rotate" in message["content"][0]["text"]
+    assert streamed.headers["x-tidegate-degraded"] == "true"
+    assert streamed.content.startswith(b"event: message_start\n")
+    assert b"keyctl rotate" in streamed.content
+    assert streamed.content.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
