@@ -131,3 +131,22 @@ def test_a_streamed_function_call(tmp_path: Path) -> None:
         client.close()
     call = next(item for item in final.output if item.type == "function_call")
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "from primary"})
+
+
+def test_streamed_function_call_events(tmp_path: Path) -> None:
+    """A streamed call is an output item added at once, its arguments in
+    response.function_call_arguments.delta events that add up to the .done ones."""
+    with running_gateway(tmp_path, BASIC) as (base, _):
+        client = _client(base)
+        events = list(
+            client.responses.create(model="chat", input="Weather?", tools=[TOOL], stream=True)
+        )
+        client.close()
+    kinds = [e.type for e in events]
+    added = kinds.index("response.output_item.added")
+    assert kinds[added + 1] == "response.function_call_arguments.delta"
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert pieces == done.arguments
+    assert json.loads(pieces) == {"city": "from primary"}
+    assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))

@@ -218,9 +218,10 @@ def response_of(completion: dict[str, Any]) -> dict[str, Any]:
 
 
 class ResponseStream:
-    """A chat completion's stream as the Responses API's events (``response.created``, then
-    per output item ``response.output_item.added``, its deltas and ``.done`` events, then
-    ``response.completed`` with the whole response)."""
+    """A chat completion's stream as the Responses API's events: ``response.created``; per
+    output item, in the order they begin, ``response.output_item.added`` and its deltas
+    (``response.output_text.delta``, ``response.function_call_arguments.delta``); at the end
+    each item's ``.done`` events and ``response.completed`` with the whole response."""
 
     def __init__(self) -> None:
         self._number = 0
@@ -228,9 +229,10 @@ class ResponseStream:
         self._model = ""
         self._created: Any = 0
         self._text: str | None = None
+        #: The output items in the order they began: ``None`` the text, else a call's index.
+        self._order: list[int | None] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] | None = None
-        self._finish: str | None = None
 
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
         self._number += 1
@@ -253,58 +255,84 @@ class ResponseStream:
         if delta.get("content"):
             out += self._text_delta(delta["content"])
         for call in delta.get("tool_calls") or ():
-            self._call_delta(call)
-        self._finish = choices[0].get("finish_reason") or self._finish
+            out += self._call_delta(call)
         return out
 
     def _text_delta(self, text: str) -> bytes:
         out = b""
-        item_id = f"msg_{self._ident}"
         if self._text is None:
             self._text = ""
+            self._order.append(None)
             item = {**_text_item(self._ident, ""), "status": "in_progress", "content": []}
-            out += self._event("response.output_item.added", {"output_index": 0, "item": item})
+            out += self._event(
+                "response.output_item.added", {"output_index": self._position(None), "item": item}
+            )
             part = {"type": "output_text", "text": "", "annotations": []}
             out += self._event(
                 "response.content_part.added",
-                {"item_id": item_id, "output_index": 0, "content_index": 0, "part": part},
+                {**self._where(None), "content_index": 0, "part": part},
             )
         self._text += text
         return out + self._event(
-            "response.output_text.delta",
-            {"item_id": item_id, "output_index": 0, "content_index": 0, "delta": text},
+            "response.output_text.delta", {**self._where(None), "content_index": 0, "delta": text}
         )
 
-    def _call_delta(self, call: dict[str, Any]) -> None:
+    def _call_delta(self, call: dict[str, Any]) -> bytes:
         index = call.get("index", 0)
         function = call.get("function") or {}
-        known = self._calls.setdefault(
-            index, {"id": call.get("id", ""), "function": {"name": "", "arguments": ""}}
-        )
-        if function.get("name"):
+        out = b""
+        known = self._calls.get(index)
+        if known is None:
+            known = self._calls[index] = {
+                "id": call.get("id", ""),
+                "function": {"name": function.get("name") or "", "arguments": ""},
+            }
+            self._order.append(index)
+            item = {**_call_item(known), "status": "in_progress"}
+            out += self._event(
+                "response.output_item.added", {"output_index": self._position(index), "item": item}
+            )
+        elif function.get("name"):
             known["function"]["name"] = function["name"]
-        known["function"]["arguments"] += function.get("arguments") or ""
+        piece = function.get("arguments") or ""
+        if piece:
+            known["function"]["arguments"] += piece
+            out += self._event(
+                "response.function_call_arguments.delta", {**self._where(index), "delta": piece}
+            )
+        return out
+
+    def _position(self, key: int | None) -> int:
+        return self._order.index(key)
+
+    def _where(self, key: int | None) -> dict[str, Any]:
+        """The ``item_id`` and ``output_index`` of the text (None) or of a call."""
+        item_id = f"msg_{self._ident}" if key is None else f"fc_{self._calls[key].get('id', '')}"
+        return {"item_id": item_id, "output_index": self._position(key)}
 
     def end(self, usage: dict[str, Any] | None) -> bytes:
         out = b""
         output: list[dict[str, Any]] = []
-        if self._text is not None:
-            item = _text_item(self._ident, self._text)
-            item_id = item["id"]
-            done = {"item_id": item_id, "output_index": 0, "content_index": 0}
-            out += self._event("response.output_text.done", {**done, "text": self._text})
-            out += self._event("response.content_part.done", {**done, "part": item["content"][0]})
-            out += self._event("response.output_item.done", {"output_index": 0, "item": item})
-            output.append(item)
-        for call in self._calls.values():
-            item = _call_item(call)
-            index = len(output)
-            out += self._event("response.output_item.added", {"output_index": index, "item": item})
+        for key in self._order:
+            where = self._where(key)
+            if key is None:
+                item = _text_item(self._ident, self._text or "")
+                done = {**where, "content_index": 0}
+                out += self._event(
+                    "response.output_text.done", {**done, "text": item["content"][0]["text"]}
+                )
+                out += self._event(
+                    "response.content_part.done", {**done, "part": item["content"][0]}
+                )
+            else:
+                item = _call_item(self._calls[key])
+                out += self._event(
+                    "response.function_call_arguments.done",
+                    {**where, "arguments": item["arguments"]},
+                )
             out += self._event(
-                "response.function_call_arguments.done",
-                {"item_id": item["id"], "output_index": index, "arguments": item["arguments"]},
+                "response.output_item.done", {"output_index": where["output_index"], "item": item}
             )
-            out += self._event("response.output_item.done", {"output_index": index, "item": item})
             output.append(item)
         whole = _response(self._ident, self._model, self._created, output, "completed")
         whole["usage"] = _usage(usage or self._usage or {})
