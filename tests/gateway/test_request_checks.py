@@ -516,3 +516,24 @@ async def test_a_wrong_method_is_405_with_allow(
         assert response.status_code == 405
         assert response.headers["allow"] == allow
         assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_unknown_model_names_make_no_metric_series(gateway_client: AppFactory) -> None:
+    """The model a caller names is its own text: a 404 for it counts under route "-", so no
+    number of made-up names adds series to /metrics."""
+    config = {"providers": {"p": fake()}, "models": {"chat": {"providers": ["p"]}}}
+    async with gateway_client(config) as (client, _):
+        first = await client.post("/v1/chat/completions", json={**CHAT, "model": "made-up-0"})
+        before = (await client.get("/metrics")).text
+        for i in range(1, 6):
+            reply = await client.post(
+                "/v1/chat/completions", json={**CHAT, "model": f"made-up-{i}"}
+            )
+            assert reply.status_code == 404
+        after = (await client.get("/metrics")).text
+    assert first.status_code == 404
+    assert "made-up" not in after
+    series = [line for line in after.splitlines() if line and not line.startswith("#")]
+    assert len(series) == len(
+        [line for line in before.splitlines() if line and not line.startswith("#")]
+    )

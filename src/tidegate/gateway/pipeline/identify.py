@@ -47,10 +47,10 @@ def _known(request: Request, alias: str) -> None:
     identity = ex.identity  # identified by the app, before the body was read
     assert identity is not None
     request.identity = identity
-    request.alias = ex.route = alias
     route = rt.routes.get(alias)
-    if route is None:
+    if route is None:  # the alias is the caller's text: never a metric label (ex.route stays -)
         raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
+    request.alias = ex.route = alias
     rt.keys.authorize(identity, alias)
     request.route = route
     request.deadline = deadline_for(rt, request.headers)
