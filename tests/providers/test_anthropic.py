@@ -125,6 +125,8 @@ def test_images_become_image_blocks() -> None:
     [
         {"functions": [{"name": "f"}]},
         {"tools": [{"type": "custom", "custom": {"name": "f"}}]},
+        {"tools": True},
+        {"tools": ["f"]},
         {"n": 2},
         {"logprobs": True},
         {"response_format": {"type": "json_object"}},

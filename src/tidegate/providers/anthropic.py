@@ -333,9 +333,12 @@ def _tools(body: JSONObject, provider: str) -> JSONObject:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as Anthropic has them."""
     options: JSONObject = {}
     tools = []
-    for tool in body.get("tools") or ():
+    given = body.get("tools") or ()
+    if not isinstance(given, list | tuple):
+        raise ProviderError(K.BAD_REQUEST, "tools must be a list", provider=provider)
+    for tool in given:
         function = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(function, dict):
+        if not isinstance(function, dict) or tool.get("type") != "function":
             raise ProviderError(
                 K.BAD_REQUEST,
                 "the Anthropic translation takes function tools only",

@@ -56,9 +56,10 @@ def tool_call_for(body: Mapping[str, Any], ident: str, text: str) -> JSONObject 
     request does not say ``tool_choice: "none"``, and its last message is not a tool's result
     (that is answered in text, which ends a round-trip). ``tool_choice`` naming a function picks
     it; otherwise the first. Its arguments fit the function's parameter schema."""
+    offered = body.get("tools")
     tools = [
         tool["function"]
-        for tool in body.get("tools") or ()
+        for tool in (offered if isinstance(offered, list) else ())
         if isinstance(tool, dict)
         and tool.get("type") == "function"
         and isinstance(tool.get("function"), dict)

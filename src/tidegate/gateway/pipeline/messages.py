@@ -232,12 +232,16 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     """Sampling, stop sequences, the caller's user id, tools and the tool choice."""
     options = {key: body[key] for key in _SAME if body.get(key) is not None}
     stop = body.get("stop_sequences")
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(x, str) for x in stop)):
+        raise InvalidRequest("stop_sequences: a list of strings is required")
     if stop:
         options["stop"] = stop
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         options["user"] = metadata["user_id"]
     tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("tools: a list of tools is required")
     if tools:
         options["tools"] = [_tool(i, tool) for i, tool in enumerate(tools)]
     choice = body.get("tool_choice")

@@ -112,6 +112,8 @@ def _message(i: int, item: dict[str, Any]) -> dict[str, Any]:
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("tools: a list of tools is required")
     if tools:
         options["tools"] = [_tool(i, tool) for i, tool in enumerate(tools)]
     choice = body.get("tool_choice")
