@@ -18,9 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any
 
 import orjson
 import uvloop
@@ -32,6 +30,7 @@ import gateway as gw  # the key file of benchmarks/gateway.py (run from this fol
 from tidegate.clock import SystemClock
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import load_config
+from tidegate.ops.readiness import asgi_request
 
 CONNECTIONS = 32
 CLOCK = SystemClock()
@@ -61,43 +60,8 @@ def _config(workdir: Path, tokens: int) -> Path:
 
 async def _stream(app: Gateway, path: str, body: bytes, key: str) -> bool:
     """One stream through the app; whether it ended as a complete answer."""
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"authorization", f"Bearer {key}".encode()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8080),
-    }
-    delivered = False
-    last = b""
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.get_running_loop().create_future()  # the client never goes away
-        raise AssertionError("unreachable")
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal last
-        if message["type"] == "http.response.body" and message.get("body"):
-            last = message["body"]
-
-    await app(scope, receive, send)
-    return last.endswith((b"data: [DONE]\n\n", b'"message_stop"}\n\n'))
+    answer = await asgi_request(app, "POST", path, body, {"authorization": f"Bearer {key}"})
+    return answer.body.endswith((b"data: [DONE]\n\n", b'"message_stop"}\n\n'))
 
 
 async def _round(app: Gateway, path: str, key: str, streams: int) -> tuple[float, float]:

@@ -104,10 +104,12 @@ __all__ = [
     "DEFAULT_IMAGE_CONFIG",
     "MAX_SHED_SHARE",
     "RULES",
+    "AsgiAnswer",
     "CheckResult",
     "Deployed",
     "ReadinessInputs",
     "Status",
+    "asgi_request",
     "check_config",
     "check_container_image",
     "check_drain",
@@ -643,19 +645,19 @@ SMOKE_TEXT: Final = "ready when you are"
 
 
 @dataclass(frozen=True, slots=True)
-class _Answer:
+class AsgiAnswer:
     status: int
     headers: dict[str, str]
     body: bytes
 
 
-async def _asgi(
+async def asgi_request(
     app: Gateway,
     method: str,
     path: str,
     body: bytes = b"",
     headers: Mapping[str, str] | None = None,
-) -> _Answer:
+) -> AsgiAnswer:
     """One request to an ASGI app in process; the client disconnects once the answer is whole."""
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     if body:
@@ -707,7 +709,7 @@ async def _asgi(
     on_receive: Receive = receive
     on_send: Send = send
     await app(scope, on_receive, on_send)
-    return _Answer(status, answer_headers, b"".join(chunks))
+    return AsgiAnswer(status, answer_headers, b"".join(chunks))
 
 
 def _smoke_config(config: Config, config_path: Path, keys_file: Path) -> Config:
@@ -723,7 +725,7 @@ def _smoke_config(config: Config, config_path: Path, keys_file: Path) -> Config:
     return config.model_copy(update=updates)
 
 
-def _problem(label: str, answer: _Answer) -> str | None:
+def _problem(label: str, answer: AsgiAnswer) -> str | None:
     if answer.status != 200:
         return f"{label}: HTTP {answer.status} {answer.body[:200].decode('utf-8', 'replace')}"
     if not answer.headers.get("x-request-id"):
@@ -763,7 +765,7 @@ async def _smoke(config: Config, config_path: Path, folder: Path) -> list[str]:
         model = next(iter(config.models))
         auth = {"authorization": f"Bearer {SMOKE_KEY}"}
         request = {"model": model, "messages": [{"role": "user", "content": "are you ready?"}]}
-        plain = await _asgi(app, "POST", "/v1/chat/completions", orjson.dumps(request), auth)
+        plain = await asgi_request(app, "POST", "/v1/chat/completions", orjson.dumps(request), auth)
         problem = _problem("plain request", plain)
         if problem is None and SMOKE_TEXT not in plain.body.decode("utf-8", "replace"):
             problem = "plain request: the answer is not the fake provider's text"
@@ -771,7 +773,7 @@ async def _smoke(config: Config, config_path: Path, folder: Path) -> list[str]:
             problems.append(problem)
         # Another question, so that the response cache cannot answer for the provider.
         question = {"role": "user", "content": "are you ready to stream?"}
-        streamed = await _asgi(
+        streamed = await asgi_request(
             app,
             "POST",
             "/v1/chat/completions",
@@ -788,7 +790,7 @@ async def _smoke(config: Config, config_path: Path, folder: Path) -> list[str]:
             problem = "streamed request: the stream did not end with data: [DONE]"
         if problem is not None:
             problems.append(problem)
-        metrics = await _asgi(app, "GET", "/metrics")
+        metrics = await asgi_request(app, "GET", "/metrics")
         if metrics.status != 200 or b"# TYPE" not in metrics.body:
             problems.append(f"/metrics: HTTP {metrics.status}, no Prometheus text")
     finally:
