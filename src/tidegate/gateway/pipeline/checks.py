@@ -24,6 +24,7 @@ __all__ = [
     "check_embeddings_options",
     "deadline_for",
     "embeddings_input",
+    "listed",
     "model_of",
     "validate_chat",
 ]
@@ -101,6 +102,16 @@ def _tokens(values: list[Any]) -> list[int] | None:
     if all(type(t) is int and 0 <= t <= MAX_INTEGER for t in tokens):
         return tokens
     return None
+
+
+def listed(body: dict[str, Any], field: str) -> list[Any]:
+    """``body[field]`` when it is a list, ``[]`` when absent or null, else ``InvalidRequest``."""
+    value = body.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{field}: a list is required")
+    return value
 
 
 #: What ``encoding_format`` may ask for.

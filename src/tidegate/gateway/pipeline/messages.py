@@ -17,7 +17,7 @@ from typing import Any
 
 from tidegate.errors import InvalidRequest
 from tidegate.gateway.http import send_json
-from tidegate.gateway.pipeline.checks import MAX_INTEGER
+from tidegate.gateway.pipeline.checks import MAX_INTEGER, listed
 from tidegate.gateway.pipeline.dialect import Dialect, ErrorBody
 from tidegate.gateway.pipeline.identify import identify_chat
 from tidegate.gateway.pipeline.message_stream import STOP_REASONS, MessageStream
@@ -239,9 +239,7 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         options["user"] = metadata["user_id"]
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InvalidRequest("tools: a list of tools is required")
+    tools = listed(body, "tools")
     if tools:
         options["tools"] = [_tool(i, tool) for i, tool in enumerate(tools)]
     choice = body.get("tool_choice")

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from tidegate.errors import InvalidRequest
+from tidegate.gateway.pipeline.checks import listed
 from tidegate.gateway.pipeline.dialect import Dialect
 from tidegate.gateway.pipeline.identify import identify_chat
 from tidegate.gateway.pipeline.request import Request
@@ -111,9 +112,7 @@ def _message(i: int, item: dict[str, Any]) -> dict[str, Any]:
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InvalidRequest("tools: a list of tools is required")
+    tools = listed(body, "tools")
     if tools:
         options["tools"] = [_tool(i, tool) for i, tool in enumerate(tools)]
     choice = body.get("tool_choice")
