@@ -23,9 +23,10 @@ STOP_REASONS = {
     "tool_calls": "tool_use",
     "content_filter": "refusal",
 }
-#: Anthropic's error type for tidegate's error family (an in-band error has no status).
+#: Anthropic's error type for tidegate's error family.
 _ERROR_TYPES = {
     "invalid_request_error": "invalid_request_error",
+    "conflict_error": "invalid_request_error",
     "authentication_error": "authentication_error",
     "permission_error": "permission_error",
     "not_found_error": "not_found_error",
@@ -40,8 +41,11 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
-def stream_error_type(family: str) -> str:
-    """Anthropic's error type for an OpenAI-shaped error's ``type``."""
+def stream_error_type(family: str, status: int | None = None) -> str:
+    """Anthropic's error type for an OpenAI-shaped error's ``type`` (and, when there is one, its
+    status: a body or a head too large is ``request_too_large``)."""
+    if status in (413, 431):
+        return "request_too_large"
     return _ERROR_TYPES.get(family, "api_error")
 
 

@@ -20,7 +20,7 @@ from tidegate.gateway.http import send_json
 from tidegate.gateway.pipeline.checks import MAX_INTEGER, listed
 from tidegate.gateway.pipeline.dialect import Dialect, ErrorBody
 from tidegate.gateway.pipeline.identify import identify_chat
-from tidegate.gateway.pipeline.message_stream import STOP_REASONS, MessageStream
+from tidegate.gateway.pipeline.message_stream import STOP_REASONS, MessageStream, stream_error_type
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.spend import estimate_prompt_tokens
 
@@ -33,35 +33,21 @@ __all__ = [
     "message_of",
 ]
 
-#: Anthropic's error ``type`` (and the status, where it differs) for tidegate's status.
-_ERROR_TYPES: dict[int, tuple[str, int]] = {
-    400: ("invalid_request_error", 400),
-    401: ("authentication_error", 401),
-    403: ("permission_error", 403),
-    404: ("not_found_error", 404),
-    405: ("invalid_request_error", 405),
-    408: ("timeout_error", 408),
-    409: ("invalid_request_error", 409),
-    413: ("request_too_large", 413),
-    415: ("invalid_request_error", 415),
-    422: ("invalid_request_error", 422),
-    429: ("rate_limit_error", 429),
-    431: ("request_too_large", 431),
-    500: ("api_error", 500),
-    502: ("api_error", 502),
-    # Every refusal for overload (admission, breakers, the kill switch, a provider overloaded)
-    # is Anthropic's overloaded_error, whose status is 529 (its SDKs retry it).
-    503: ("overloaded_error", 529),
-    504: ("timeout_error", 504),
-}
 #: Request fields passed on as they are (the rest of the body is translated or not sent).
 _SAME = ("temperature", "top_p")
 
 
 def _error(status: int, body: dict[str, Any]) -> ErrorBody:
-    kind, shown = _ERROR_TYPES.get(status, ("api_error", status))
-    message = str(body["error"].get("message", ""))
-    return shown, {"type": "error", "error": {"type": kind, "message": message}}
+    """Anthropic's status and body for an error: its type from tidegate's error family; every
+    overload refusal (admission, breakers, the kill switch, an overloaded provider, the store)
+    is ``overloaded_error`` with Anthropic's 529, which its SDKs retry."""
+    error = body["error"]
+    kind = stream_error_type(str(error.get("type", "")), status)
+    shown = 529 if kind == "overloaded_error" else status
+    return shown, {
+        "type": "error",
+        "error": {"type": kind, "message": str(error.get("message", ""))},
+    }
 
 
 def message_of(completion: dict[str, Any]) -> dict[str, Any]:
