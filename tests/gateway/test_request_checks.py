@@ -486,7 +486,7 @@ async def test_n_above_one_on_an_anthropic_route_is_refused_before_any_attempt(
         error = response.json()["error"]
         assert error["code"] == "invalid_request"
         assert "'n' is 2" in error["message"]
-        assert "Anthropic" in error["message"]
+        assert "of type 'anthropic'" in error["message"]
         assert "x-tidegate-tried" not in response.headers  # no provider was tried
         usage = await app.runtime.stores.quotas.usage("t1:u1")
         assert (usage.calls, usage.reserved_calls) == (0, 0)

@@ -10,6 +10,7 @@ the process at start-up, naming its section (:func:`check_config_against_policie
 
 from __future__ import annotations
 
+import importlib
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -318,6 +319,19 @@ def build_provider(
 
         assert cfg.base_url is not None
         return AnthropicProvider(name, cfg.base_url, api_key, session)
+    if cfg.type in ("azure_openai", "bedrock", "gemini"):
+        module = importlib.import_module(f"tidegate.providers.{cfg.type}")
+        built: Provider = module.build(
+            name,
+            model=cfg.model,
+            base_url=cfg.base_url,
+            api_key=api_key,
+            options=getattr(cfg, cfg.type),
+            session=session,
+            clock=clock,
+            base_dir=config_path.parent,
+        )
+        return built
     from tidegate.providers.fake import FakeProvider
 
     return FakeProvider.from_script(cfg.fake or {}, name=name, sleep=clock.asleep, clock=clock)

@@ -21,6 +21,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidegate.errors import ConfigError
+from tidegate.providers.azure_openai import AzureOpenAIOptions
+from tidegate.providers.bedrock import BedrockOptions
+from tidegate.providers.gemini import GeminiOptions
 
 __all__ = [
     "AdmissionConfig",
@@ -122,8 +125,16 @@ class StreamConfig(_Strict):
     max_duration_s: PositiveFloat = 55.0
 
 
+#: The provider types, each a module of ``tidegate.providers`` (docs/providers.md).
+PROVIDER_TYPES = ("openai", "anthropic", "azure_openai", "bedrock", "gemini", "fake")
+#: Types whose upstream answers with one choice, so ``n`` above 1 cannot be honoured.
+ONE_CHOICE_TYPES = frozenset({"anthropic", "bedrock"})
+#: Types that need ``base_url``; the others have a default endpoint (or run in-process).
+NEEDS_BASE_URL = frozenset({"openai", "anthropic", "azure_openai"})
+
+
 class ProviderConfig(_Strict):
-    type: Literal["openai", "anthropic", "fake"]
+    type: Literal["openai", "anthropic", "azure_openai", "bedrock", "gemini", "fake"]
     model: str
     base_url: str | None = None
     api_key_file: Path | None = None
@@ -134,13 +145,19 @@ class ProviderConfig(_Strict):
     stream: StreamConfig = StreamConfig()
     #: Behaviour of the in-process fake provider (only with ``type: fake``).
     fake: dict[str, Any] | None = None
+    #: Settings of the provider types that need more than a URL and a key (each only with its
+    #: own type); each section is the provider module's own strict model.
+    azure_openai: AzureOpenAIOptions | None = None
+    bedrock: BedrockOptions | None = None
+    gemini: GeminiOptions | None = None
 
     @model_validator(mode="after")
     def _needs_base_url(self) -> ProviderConfig:
-        if self.type in ("openai", "anthropic") and not self.base_url:
+        if self.type in NEEDS_BASE_URL and not self.base_url:
             raise ValueError(f"a provider of type {self.type!r} needs base_url")
-        if self.type != "fake" and self.fake is not None:
-            raise ValueError("'fake' settings are only for providers of type fake")
+        for section in ("fake", "azure_openai", "bedrock", "gemini"):
+            if self.type != section and getattr(self, section) is not None:
+                raise ValueError(f"'{section}' settings are only for providers of type {section}")
         return self
 
 

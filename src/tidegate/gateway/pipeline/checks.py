@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tidegate.errors import InvalidRequest
+from tidegate.gateway.config import ONE_CHOICE_TYPES
 from tidegate.gateway.runtime import Route, Runtime
 from tidegate.policy.deadline import Deadline
 
@@ -160,9 +161,10 @@ def check_choices(rt: Runtime, route: Route, alias: str, choices: int) -> None:
     only is served by the primary; failing over to that fallback ends in the same refusal.
     """
     primary = route.specs[0].name
-    if rt.provider_configs[primary].type == "anthropic":
+    kind = rt.provider_configs[primary].type
+    if kind in ONE_CHOICE_TYPES:
         raise InvalidRequest(
-            f"'n' is {choices}, but model {alias!r} is served by an Anthropic provider"
+            f"'n' is {choices}, but model {alias!r} is served by a provider of type {kind!r}"
             f" ({primary!r}), which answers with one choice"
         )
 
