@@ -206,6 +206,42 @@ async def test_the_rate_limit_step_takes_one_token_per_request(runtime: Runtime)
 
 
 @pytest.mark.asyncio
+async def test_the_rate_limit_step_draws_from_leases_without_a_coroutine(tmp_path: Path) -> None:
+    """Once a key's demand has leased tokens (user and tenant), the step answers at once (False,
+    not an awaitable) and the store is not asked; the store's bucket still counts every token
+    this process took or holds."""
+    limit = {"rate_per_s": 0.001, "burst": 1_000}
+    config = {
+        "providers": {"p": {**fake(), "data_classes": ["internal"]}},
+        "models": {"chat": {"providers": ["p"]}},
+        "rate_limits": {"per_user": limit, "per_tenant": limit},
+    }
+    path = write_config(tmp_path, config)
+    rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
+    try:
+        for _ in range(64):  # demand within one window: leases form
+            request = request_for(rt)
+            identify_chat(request)
+            assert await outcome(rate_limit(request)) is False
+        inner = rt.stores.buckets.store  # type: ignore[attr-defined]  # the leased store's
+        takes: list[str] = []
+        original = inner.take
+
+        async def counted(key: str, *args: Any, **kwargs: Any) -> Any:
+            takes.append(key)
+            return await original(key, *args, **kwargs)
+
+        inner.take = counted
+        for _ in range(3):
+            request = request_for(rt)
+            identify_chat(request)
+            assert rate_limit(request) is False  # answered now: no coroutine to await
+        assert takes == []
+    finally:
+        await close_runtime(rt)
+
+
+@pytest.mark.asyncio
 async def test_the_budget_step_reserves_and_refuses_past_the_quota(runtime: Runtime) -> None:
     """Three calls are reserved (each request holds its reservation); the fourth is refused."""
     for _ in range(3):

@@ -783,3 +783,30 @@ async def test_a_take_drawn_from_a_lease_answers_what_is_left_in_it(n: float) ->
         drawn += 1
         assert result == TakeResult(allowed=True, remaining=left, retry_after=0.0, reset_after=0.0)
     assert drawn > 1_000
+
+
+@pytest.mark.asyncio
+async def test_take_now_answers_from_a_live_lease_only_and_never_refuses() -> None:
+    """``take_now`` is the take when the key's lease holds it (the same answer ``take`` gives,
+    no store call), None otherwise: before any lease, for other options, once the lease's hold
+    time is up, and once it is empty; it never answers a refusal."""
+    clock = ManualClock()
+    options = BucketOptions(rate=100.0, burst=1_000.0)
+    counting = CountingBuckets(MemoryBucketStore(clock))
+    leased = LeasedBuckets(counting, clock)
+    assert leased.take_now("k", options) is None  # no lease yet
+    for _ in range(64):  # demand grows: leases form
+        await leased.take("k", options)
+        clock.advance(0.001)
+    while leased.take_now("k", options) is None:  # the lease of the last store call is spent
+        assert (await leased.take("k", options)).allowed
+    assert leased.take_now("k", BucketOptions(rate=100.0, burst=1_000.0)) is None  # other options
+    calls, drawn = counting.takes, 1
+    while (result := leased.take_now("k", options)) is not None:
+        assert result.allowed
+        drawn += 1
+    assert drawn >= 2
+    assert counting.takes == calls  # drawn from the lease; an empty one answers None
+    assert (await leased.take("k", options)).allowed  # the store is asked instead
+    clock.advance(LEASE_HOLD_S * 2)
+    assert leased.take_now("k", options) is None  # the hold time is up

@@ -244,9 +244,10 @@ def with_leases(stores: Stores, config: Config, clock: Clock) -> None:
     if leases.max_chunk <= 1:
         return
     max_chunk, hold_s, wait_s = leases.max_chunk, leases.hold_s, config.state.timeout_s
-    stores.buckets = LeasedBuckets(
+    stores.buckets = buckets = LeasedBuckets(
         stores.buckets, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
     )
+    stores.take_now = buckets.take_now
     stores.quotas = LeasedQuotas(
         stores.quotas, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
     )

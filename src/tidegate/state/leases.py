@@ -352,20 +352,27 @@ class LeasedBuckets(_Leased[BucketStore, _Take, TakeResult]):
         self._holding: dict[str, _TokenLease] = {}
         self._answers = _Answers()
 
-    async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
-        now = self._now()
+    def take_now(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult | None:
+        """The take, if this process's live lease of ``key`` holds it now (the usual case: a
+        known key within its demand window drawing from its lease), else None: then
+        :meth:`take`, which may ask the store. Never refuses: a refusal is the store's."""
         lease = self._leases.get(key)
         if (
             lease is not None
-            and now < lease.until
+            and self._now() < lease.until
             and lease.tokens >= n
             and lease.options is options
         ):
-            # The usual case: a known key within its demand window (``_seen`` counts the take)
-            # drawing from a live lease.
-            lease.count += 1
+            lease.count += 1  # what ``_seen`` would count
             remaining = lease.tokens = lease.tokens - n
             return self._answers[remaining]
+        return None
+
+    async def take(self, key: str, options: BucketOptions, n: float = 1.0) -> TakeResult:
+        drawn = self.take_now(key, options, n)
+        if drawn is not None:
+            return drawn
+        now = self._now()
         if options.burst < 2 * BURST_SHARE or self._max_chunk < 2:
             return await self.store.take(key, options, n)  # this bucket never leases
         lease = self._seen(self._leases, key, now, _TokenLease)

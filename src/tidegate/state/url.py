@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tidegate.clock import Clock
 from tidegate.errors import ConfigError
+from tidegate.policy.ratelimit import BucketOptions, TakeResult
 from tidegate.state.actions import (
     MemoryPendingActionStore,
     PendingActionStore,
@@ -71,6 +72,10 @@ def redact(url: str) -> str:
 
 
 async def _nothing() -> None:
+    return None
+
+
+def _no_take(key: str, options: BucketOptions) -> TakeResult | None:
     return None
 
 
@@ -228,6 +233,12 @@ class Stores:
     #: (SQLite commits the batches of one event-loop round together); ``StoreError`` if their
     #: commit failed.
     committed: Callable[[], Awaitable[None]] = field(init=False, repr=False, default=_nothing)
+    #: ``stores.take_now(key, options)`` is the take when this process can answer it at once
+    #: (from a lease: :meth:`~tidegate.state.leases.LeasedBuckets.take_now`), else None and
+    #: only ``await stores.buckets.take(...)`` answers. Without leases it is always None.
+    take_now: Callable[[str, BucketOptions], TakeResult | None] = field(
+        init=False, repr=False, default=_no_take
+    )
 
     def __post_init__(self) -> None:
         # The fast backend's own functions, bound once: every request calls each twice.

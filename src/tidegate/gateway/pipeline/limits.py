@@ -9,19 +9,36 @@ import math
 
 from tidegate.errors import RateLimited, StoreError
 from tidegate.gateway.pipeline.request import Request
+from tidegate.gateway.pipeline.steps import Outcome
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, ratelimit_headers
 
 __all__ = ["rate_limit"]
 
+#: One bucket a request takes from: its options (None: not limited), key and name.
+_Level = tuple[BucketOptions | None, str, str]
 
-async def rate_limit(request: Request) -> bool:
-    """Take a token from the user's bucket and the tenant's (in one SQLite batch)."""
+
+def rate_limit(request: Request) -> Outcome:
+    """Take a token from the user's bucket, then from the tenant's: from this process's leases
+    while they hold one (no store call, no coroutine: the usual case), else from the store (in
+    one SQLite batch) for the rest."""
     rt, identity = request.rt, request.identity
+    take_now = rt.stores.take_now
+    levels = (
+        (rt.user_bucket, identity.user_bucket, "per-user"),
+        (rt.tenant_bucket, identity.tenant_bucket, "per-tenant"),
+    )
+    for index, (options, key, _) in enumerate(levels):
+        if options is not None and take_now(key, options) is None:
+            return _from_store(request, levels[index:])
+    return False
+
+
+async def _from_store(request: Request, levels: tuple[_Level, ...]) -> bool:
+    """The takes a lease could not answer, in order; the first refusal is the answer."""
+    rt = request.rt
     with rt.stores.batch():  # committed with the budget's, before anything acts on them
-        for options, key, name in (
-            (rt.user_bucket, identity.user_bucket, "per-user"),
-            (rt.tenant_bucket, identity.tenant_bucket, "per-tenant"),
-        ):
+        for options, key, name in levels:
             if options is None:
                 continue
             try:
