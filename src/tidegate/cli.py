@@ -60,6 +60,7 @@ def _mount() -> None:
     from tidegate.ops.admin_client import admin_app
     from tidegate.ops.cli import check_app, eval_command
     from tidegate.ops.loadtest import loadtest_command
+    from tidegate.ops.models import models_command
     from tidegate.ops.readiness import readiness_command
 
     app.add_typer(check_app, name="check", help="Offline checks: environments, timeouts, rollback.")
@@ -68,6 +69,7 @@ def _mount() -> None:
     )
     app.command("eval")(eval_command)
     app.command("loadtest")(loadtest_command)
+    app.command("models")(models_command)
     app.command("readiness")(readiness_command)
     app.add_typer(admin_app, name="admin", help="Talk to a running gateway's admin API.")
 

@@ -195,8 +195,8 @@ def test_dockerignore_sends_what_the_build_copies_and_nothing_secret(
 
 
 def test_requirements_lock_pins_every_runtime_dependency() -> None:
-    """Each line pins one exact version, and every dependency of the project (with the redis and
-    postgres extras the fleet needs) is in the lock."""
+    """Each line pins one exact version, and every dependency of the project (with the extras the
+    image ships: redis, postgres, bedrock, gemini, otel) is in the lock."""
     lines = [
         line.strip()
         for line in (ROOT / "requirements.lock").read_text(encoding="utf-8").splitlines()
@@ -210,7 +210,7 @@ def test_requirements_lock_pins_every_runtime_dependency() -> None:
         locked[canonicalize_name(requirement.name)] = spec.version
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     wanted = list(project["dependencies"])
-    for extra in ("redis", "postgres"):
+    for extra in ("redis", "postgres", "bedrock", "gemini", "otel"):
         wanted += project["optional-dependencies"][extra]
     for raw in wanted:
         requirement = Requirement(raw)

@@ -312,9 +312,12 @@ def build_provider(
             ) from None
     if cfg.type == "openai":
         from tidegate.providers.openai import OpenAIProvider
+        from tidegate.providers.presets import preset_named
 
-        assert cfg.base_url is not None
-        return OpenAIProvider(name, cfg.base_url, api_key, session)
+        preset = preset_named(cfg.preset) if cfg.preset else None
+        base_url = cfg.base_url or (preset.base_url if preset else None)
+        assert base_url is not None  # the config refuses a provider with neither
+        return OpenAIProvider(name, base_url, api_key, session, preset=preset)
     if cfg.type == "anthropic":
         from tidegate.providers.anthropic import AnthropicProvider
 

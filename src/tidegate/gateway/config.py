@@ -20,10 +20,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tidegate.catalogue import ModelInfo, find
 from tidegate.errors import ConfigError
 from tidegate.providers.azure_openai import AzureOpenAIOptions
 from tidegate.providers.bedrock import BedrockOptions
 from tidegate.providers.gemini import GeminiOptions
+from tidegate.providers.presets import preset_named
 
 __all__ = [
     "AdmissionConfig",
@@ -51,8 +53,10 @@ __all__ = [
     "StreamConfig",
     "TracingConfig",
     "VersionConfig",
+    "catalogue_entry",
     "load_config",
     "profile_problems",
+    "unpriced_providers",
 ]
 
 ENV_PREFIX = "TIDEGATE_"
@@ -150,15 +154,30 @@ class ProviderConfig(_Strict):
     azure_openai: AzureOpenAIOptions | None = None
     bedrock: BedrockOptions | None = None
     gemini: GeminiOptions | None = None
+    #: An OpenAI-compatible service's preset (only with ``type: openai``): its default base URL,
+    #: its auth and its request-field rules (docs/providers/presets.md).
+    preset: str | None = None
 
     @model_validator(mode="after")
     def _needs_base_url(self) -> ProviderConfig:
-        if self.type in NEEDS_BASE_URL and not self.base_url:
+        default_url = self._check_preset()
+        if self.type in NEEDS_BASE_URL and not (self.base_url or default_url):
             raise ValueError(f"a provider of type {self.type!r} needs base_url")
         for section in ("fake", "azure_openai", "bedrock", "gemini"):
             if self.type != section and getattr(self, section) is not None:
                 raise ValueError(f"'{section}' settings are only for providers of type {section}")
         return self
+
+    def _check_preset(self) -> str | None:
+        """The preset's default base URL, after refusing a preset that cannot be used here."""
+        if self.preset is None:
+            return None
+        if self.type != "openai":
+            raise ValueError("'preset' is only for providers of type openai")
+        preset = preset_named(self.preset)
+        if preset.auth == "bearer" and self.api_key_file is None:
+            raise ValueError(f"preset {preset.name!r} needs api_key_file (a Bearer key)")
+        return preset.base_url
 
 
 class VersionConfig(_Strict):
@@ -377,7 +396,36 @@ def profile_problems(config: Config) -> list[str]:
             problems.append(
                 f"production needs pinned model ids: providers.{name}.model is {provider.model!r}"
             )
+    if config.budgets is not None and config.budgets.cost_usd is not None:
+        problems += [
+            f"production with budgets.cost_usd needs every model priced: providers.{name} "
+            f"({config.providers[name].model!r}) is in no catalogue and has no prices entry"
+            for name in unpriced_providers(config)
+        ]
     return problems
+
+
+def catalogue_entry(provider: ProviderConfig) -> ModelInfo | None:
+    """The model catalogue's entry for a provider's model (``tidegate.catalogue``), if any."""
+    preset = getattr(provider, "preset", None)  # a preset names the provider it stands for
+    return find(
+        provider.type,
+        provider.model,
+        provider.base_url,
+        preset if isinstance(preset, str) else None,
+    )
+
+
+def unpriced_providers(config: Config) -> list[str]:
+    """The providers (fakes aside: they are never billed) whose model has no ``prices`` entry
+    and no catalogue entry: their spend would count as nothing."""
+    return [
+        name
+        for name, provider in config.providers.items()
+        if provider.type != "fake"
+        and provider.model not in config.prices
+        and catalogue_entry(provider) is None
+    ]
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:

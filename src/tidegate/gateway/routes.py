@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tidegate.gateway.config import Config
+from tidegate.gateway.pricing import context_window_of
 from tidegate.policy.routing import ProviderSpec, RoutePlan, plan_route
 
 __all__ = ["PLANS_REMEMBERED", "Route", "routes_from", "version_routes_from"]
@@ -58,7 +59,7 @@ def _route(config: Config, alias: str, names: tuple[str, ...], per_try: float) -
         ProviderSpec(
             name,
             frozenset(config.providers[name].data_classes),
-            config.providers[name].context_window,
+            context_window_of(config.providers[name]),
         )
         for name in names
     )

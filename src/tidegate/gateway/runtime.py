@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 import aiohttp
 import structlog
 
+from tidegate.catalogue.tokens import InputCounter, PromptCounter
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, DeadlineExceeded, ProviderError, StoreError
 from tidegate.gateway.auth import AdminKeys, Identity, KeyRing
@@ -48,6 +49,12 @@ from tidegate.gateway.config import Config, Price, ProviderConfig
 from tidegate.gateway.degraded import Corpus
 from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.metrics import Metrics
+from tidegate.gateway.pricing import (
+    effective_prices,
+    input_counters,
+    prompt_counters,
+    warn_unpriced,
+)
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.gateway.routes import Route, routes_from, version_routes_from
 from tidegate.gateway.tracing import Tracing
@@ -197,6 +204,13 @@ class Runtime:
     #: lookups by name the request path makes, built once from the config.
     model_ids: dict[str, str] = field(init=False, repr=False)
     prices_per_1k: dict[str, tuple[float, float]] = field(init=False, repr=False)
+    #: Each provider's counters of a prompt's tokens before the provider says (its model's
+    #: encoding for OpenAI's models, the four-characters estimate for the rest), chosen once.
+    prompt_counters: dict[str, PromptCounter] = field(init=False, repr=False)
+    input_counters: dict[str, InputCounter] = field(init=False, repr=False)
+    #: What a chat reservation reads of its primary, in one lookup: the prompt counter and the
+    #: model's prices per 1k tokens (input, output; 0 when it has none).
+    reserve_meters: dict[str, tuple[PromptCounter, float, float]] = field(init=False, repr=False)
     #: The routing rule the retry planner asks: ``retry_same`` with :attr:`failover`.
     retry_on: Callable[[ProviderError], bool] = field(init=False, repr=False)
     #: How a model call combines retries, breakers, the retry budget and failover: every call
@@ -208,6 +222,12 @@ class Runtime:
         self.model_ids = {name: cfg.model for name, cfg in self.provider_configs.items()}
         self.prices_per_1k = {
             model: (price.input_per_1k, price.output_per_1k) for model, price in self.prices.items()
+        }
+        self.prompt_counters = prompt_counters(self.provider_configs)
+        self.input_counters = input_counters(self.provider_configs)
+        self.reserve_meters = {
+            name: (self.prompt_counters[name], *self.prices_per_1k.get(model, (0.0, 0.0)))
+            for name, model in self.model_ids.items()
         }
         self.attempts = AttemptPolicy(
             self.retry_policy,
@@ -306,6 +326,7 @@ async def build_runtime(
     shared flags and the eval-gate verdicts are loaded before it returns.
     """
     check_config_against_policies(config)
+    warn_unpriced(config)
     # Validate what can fail cheaply before opening anything.
     tracing = Tracing.from_config(config.tracing, provider=overrides.get("tracer_provider"))
     specs = flag_specs(config) + canary_flag_specs(config)
@@ -349,7 +370,7 @@ async def build_runtime(
         user_bucket=bucket_options(config.rate_limits.per_user),
         tenant_bucket=bucket_options(config.rate_limits.per_tenant),
         budget=budget_options_from(config),
-        prices=dict(config.prices),
+        prices=effective_prices(config),
         output_filter=output_filter,
         canaries=canaries,
         tracing=tracing,

@@ -46,7 +46,7 @@ cleaned by :class:`~tidegate.providers.redact.Redactor`: OpenAI's 401 echoes the
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Literal
 
@@ -56,7 +56,9 @@ from yarl import URL
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.presets import Preset
 from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
+from tidegate.providers.sse import SSEEvent
 from tidegate.providers.transport import (
     HTTPAnswer,
     error_info,
@@ -74,6 +76,7 @@ __all__ = [
     "chat_completion_problem",
     "embeddings_problem",
     "openai_answer",
+    "openai_chunks",
     "openai_error_for",
 ]
 
@@ -206,6 +209,32 @@ def openai_answer(
     raise not_an_answer(answer, problem, provider=provider, redactor=redactor, data=data)
 
 
+async def openai_chunks(
+    events: AsyncGenerator[SSEEvent, None],
+    error_for: Callable[[HTTPAnswer], ProviderError],
+) -> AsyncGenerator[StreamItem, None]:
+    """The items of an OpenAI-compatible event stream (``events`` from
+    :func:`~tidegate.providers.transport.stream_events`, closed here).
+
+    Each chunk is yielded as a dict, an event whose data is not a JSON object as
+    :class:`MalformedChunk`; an ``{"error": ...}`` event (vLLM and OpenAI send these mid-stream)
+    is raised as ``error_for`` maps it. The last item is ``StreamEnd(done_seen=...)``.
+    """
+    async with aclosing(events):
+        async for event in events:
+            if event.data.strip() == "[DONE]":
+                yield StreamEnd(done_seen=True)
+                return
+            chunk = parse_json_object(event.data)
+            if chunk is None:
+                yield MalformedChunk(event.data)
+            elif "error" in chunk and not chunk.get("choices"):
+                raise error_for(HTTPAnswer(200, {}, event.data.encode()))
+            else:
+                yield chunk
+    yield StreamEnd(done_seen=False)
+
+
 class OpenAIProvider:
     """Chat completions, streams and embeddings from an OpenAI-compatible HTTP endpoint.
 
@@ -213,7 +242,8 @@ class OpenAIProvider:
     never closes it. ``model_map`` renames models on the way out (for example a served name in
     vLLM); a model not in it is sent as it is. ``headers`` are added to every request (for
     example ``OpenAI-Organization``). ``clock`` is read only to interpret an HTTP-date
-    ``Retry-After``.
+    ``Retry-After``. ``preset`` (:mod:`tidegate.providers.presets`) drops, renames or refuses
+    the request fields its service does not take, before anything is sent.
     """
 
     def __init__(
@@ -226,6 +256,7 @@ class OpenAIProvider:
         model_map: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         clock: Clock | None = None,
+        preset: Preset | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -238,6 +269,9 @@ class OpenAIProvider:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._redactor = Redactor([api_key, *secret_header_values(headers)])
+        self.preset = preset
+        if preset is not None:  # without one, the request path is unchanged
+            self._payload = self._preset_payload  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
@@ -268,12 +302,8 @@ class OpenAIProvider:
         chunk_timeout: float | None = None,
         total_timeout: float | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        """POST ``/chat/completions`` with ``stream: true`` and yield the parsed chunks.
-
-        An event whose data is not a JSON object is yielded as :class:`MalformedChunk`. An
-        ``{"error": ...}`` event (vLLM and OpenAI send these mid-stream) is raised as a
-        :class:`ProviderError`. The last item is ``StreamEnd(done_seen=...)``.
-        """
+        """POST ``/chat/completions`` with ``stream: true`` and yield the parsed chunks, as
+        :func:`openai_chunks` reads them (the last item is ``StreamEnd(done_seen=...)``)."""
         events = stream_events(
             self._session,
             f"{self.base_url}/chat/completions",
@@ -286,19 +316,9 @@ class OpenAIProvider:
             error_for=self._error_for,
             redactor=self._redactor,
         )
-        async with aclosing(events):
-            async for event in events:
-                if event.data.strip() == "[DONE]":
-                    yield StreamEnd(done_seen=True)
-                    return
-                chunk = parse_json_object(event.data)
-                if chunk is None:
-                    yield MalformedChunk(event.data)
-                elif "error" in chunk and not chunk.get("choices"):
-                    raise self._error_for(HTTPAnswer(200, {}, event.data.encode()))
-                else:
-                    yield chunk
-        yield StreamEnd(done_seen=False)
+        async with aclosing(openai_chunks(events, self._error_for)) as items:
+            async for item in items:
+                yield item
 
     async def embed(
         self,
@@ -330,6 +350,12 @@ class OpenAIProvider:
             payload["stream"] = stream
         if not stream:
             payload.pop("stream_options", None)  # servers reject it on a non-streamed call
+        return payload
+
+    def _preset_payload(self, body: JSONObject, *, stream: bool | None) -> JSONObject:
+        payload = OpenAIProvider._payload(self, body, stream=stream)
+        assert self.preset is not None
+        self.preset.apply(payload, provider=self.name)
         return payload
 
     def _error_for(self, answer: HTTPAnswer) -> ProviderError:

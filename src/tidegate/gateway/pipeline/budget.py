@@ -14,22 +14,23 @@ import math
 
 from tidegate.errors import BudgetExceeded, StoreError
 from tidegate.gateway.pipeline.request import Request
-from tidegate.gateway.pipeline.spend import estimate_prompt_tokens, input_tokens, price
+from tidegate.gateway.pipeline.spend import price
 from tidegate.policy.budget import BudgetDecision, BudgetVerdict, Cost
 
 __all__ = ["reserve_chat", "reserve_embeddings"]
 
 
 async def reserve_chat(request: Request) -> bool:
-    """Reserve a chat completion: its prompt and ``n`` times ``max_tokens`` of completion."""
+    """Reserve a chat completion: its prompt (as the primary's counter counts it) and ``n``
+    times ``max_tokens`` of completion."""
     rt, body = request.rt, request.body
     budgets = rt.config.budgets
     if budgets is not None:
         max_tokens = body.get("max_tokens") or budgets.default_max_tokens
         completion = max_tokens * request.choices
-        prompt = estimate_prompt_tokens(body)
-        model = rt.model_ids[request.route.specs[0].name]
-        cost = price(rt, model, prompt, completion)
+        count, input_per_1k, output_per_1k = rt.reserve_meters[request.route.specs[0].name]
+        prompt = count(body)
+        cost = (prompt * input_per_1k + completion * output_per_1k) / 1000.0  # as price() does
         decision = await _reserve(request, Cost(calls=1, tokens=prompt + completion, cost=cost))
         if decision.verdict is BudgetVerdict.DEGRADE:
             _degrade(request, max_tokens)
@@ -38,11 +39,12 @@ async def reserve_chat(request: Request) -> bool:
 
 
 async def reserve_embeddings(request: Request) -> bool:
-    """Reserve an embeddings call: its input's tokens (four characters a token, or the ids)."""
+    """Reserve an embeddings call: its input's tokens (as the primary's counter counts them)."""
     rt = request.rt
     if rt.budget is not None:
-        tokens = input_tokens(request.body["input"])
-        model = rt.model_ids[request.route.specs[0].name]
+        primary = request.route.specs[0].name
+        tokens = rt.input_counters[primary](request.body["input"])
+        model = rt.model_ids[primary]
         await _reserve(request, Cost(calls=1, tokens=tokens, cost=price(rt, model, tokens, 0)))
     await _committed(request)
     return False

@@ -18,7 +18,7 @@ from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.gateway.http import send_bytes
 from tidegate.gateway.pipeline.attempt import attempt
 from tidegate.gateway.pipeline.request import Request
-from tidegate.gateway.pipeline.spend import account, input_tokens, is_count, price
+from tidegate.gateway.pipeline.spend import account, is_count, price
 from tidegate.policy.attempts import Call
 from tidegate.providers.wire import decode_vector, encode_vector
 
@@ -59,7 +59,7 @@ async def embed(request: Request) -> bool:
     usage = answer.get("usage")
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if not is_count(prompt):  # missing, or not a count (see usage_of)
-        prompt = input_tokens(request.body["input"])
+        prompt = rt.input_counters[step.spec.name](request.body["input"])
     ex.usage = {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
     ex.cost = price(rt, ex.served_model, prompt, 0)
     account(rt, ex)

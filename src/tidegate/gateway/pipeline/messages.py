@@ -22,7 +22,6 @@ from tidegate.gateway.pipeline.dialect import Dialect, ErrorBody
 from tidegate.gateway.pipeline.identify import identify_chat
 from tidegate.gateway.pipeline.message_stream import STOP_REASONS, MessageStream, stream_error_type
 from tidegate.gateway.pipeline.request import Request
-from tidegate.gateway.pipeline.spend import estimate_prompt_tokens
 
 __all__ = [
     "ANTHROPIC",
@@ -280,6 +279,6 @@ def identify_count(request: Request) -> bool:
 async def count_tokens(request: Request) -> bool:
     """``POST /v1/messages/count_tokens``: the prompt's tokens as the budget estimates them."""
     request.ex.status = 200
-    tokens = estimate_prompt_tokens(request.body)
+    tokens = request.rt.prompt_counters[request.route.specs[0].name](request.body)
     await send_json(request.send, 200, {"input_tokens": tokens}, request.ex.answer_headers())
     return True

@@ -1,11 +1,17 @@
 """What a request costs: the token estimate a budget reserves, the price of tokens, and the
-usage and spend of an answer once it is known."""
+usage and spend of an answer once it is known.
+
+The estimates (:func:`estimate_prompt_tokens`, :func:`input_tokens`: four characters a token)
+live in :mod:`tidegate.catalogue.tokens`, beside the real encodings that OpenAI's models are
+counted with (``Runtime.prompt_counters``); a provider's reported usage always wins."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
+from tidegate.catalogue.tokens import estimate_input_tokens as input_tokens
+from tidegate.catalogue.tokens import estimate_prompt_tokens
 from tidegate.gateway.pipeline.checks import MAX_INTEGER
 from tidegate.gateway.pipeline.exchange import Exchange
 from tidegate.gateway.runtime import Runtime
@@ -19,30 +25,6 @@ __all__ = [
     "price",
     "usage_of",
 ]
-
-
-def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """About four characters a token: good enough to reserve a budget, never to bill."""
-    chars = 0
-    for message in body.get("messages", ()):
-        content = message.get("content")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            chars += sum(
-                len(str(part.get("text", ""))) for part in content if isinstance(part, dict)
-            )
-    return max(1, chars // 4)
-
-
-def input_tokens(value: str | list[Any]) -> int:
-    """The tokens of an embeddings ``input`` (checked to be one of OpenAI's four shapes): token
-    ids count as they are, text as about four characters a token."""
-    if isinstance(value, str):
-        return max(1, len(value) // 4)
-    if all(isinstance(item, int) for item in value):
-        return len(value)
-    return sum(max(1, len(item) // 4) if isinstance(item, str) else len(item) for item in value)
 
 
 def price(rt: Runtime, model: str, prompt_tokens: int, completion_tokens: int) -> float:
