@@ -63,16 +63,37 @@ def test_capacity_prints_the_binding_limit(tmp_path: Path) -> None:
 
 
 def test_load_sweeps_rates_with_theory() -> None:
-    """load prints one row per rate, and JSON with Little's law and the theory."""
-    output = run("load", "--rate", "4", "--rate", "12", "--horizon", "60", "--warmup", "5")
-    assert "lambda*W" in output
+    """load prints one row per rate, and JSON with intervals, Little's law from both sides,
+    the checks and the theory."""
+    output = run(
+        "load", "--rate", "4", "--rate", "12", "--horizon", "60", "--warmup", "5",
+        "--replications", "3",
+    )  # fmt: skip
+    assert "lambda_eff*W" in output
+    assert "±" in output
     data = run_json(
-        "load", "--rate", "5", "--cpu", "0", "--theory", "--horizon", "60", "--warmup", "5"
-    )
+        "load", "--rate", "5", "--cpu", "0", "--theory", "--horizon", "60", "--replications", "3",
+    )  # fmt: skip
     assert isinstance(data, dict)
     (point,) = data["points"]
-    assert point["L"] == pytest.approx(point["lambda_W"])
+    assert point["littles_law"]["holds"] is True
+    assert point["L"]["n"] == 3
+    assert point["stationarity"]["stationary"] is True
+    assert point["warmup"] >= 0
     assert point["theory"]["shed_share"] >= 0.0
+
+
+def test_load_warns_when_arrivals_exceed_capacity() -> None:
+    """An unbounded queue past its ceiling is flagged, in the table and in JSON."""
+    args = ("load", "--rate", "12", "--cpu", "0", "--waiting", "-1", "--horizon", "300")
+    result = runner.invoke(lab_app, [*args, "--replications", "3"])
+    assert result.exit_code == 0
+    assert "not stationary: arrivals exceed capacity" in result.stderr
+    data = run_json(*args, "--replications", "3")
+    assert isinstance(data, dict)
+    (point,) = data["points"]
+    assert point["stationarity"]["stationary"] is False
+    assert point["littles_law"]["holds"] is False
 
 
 def test_backpressure_compares_three_shapes(tmp_path: Path) -> None:
@@ -152,14 +173,35 @@ def test_autoscale_compares_the_laws() -> None:
 
 
 def test_plan_sizes_the_fleet_and_the_bill() -> None:
-    """plan prints workers, utilisation and the monthly cost split."""
+    """plan prints the mean-value law and the monthly cost split; with the simulation, the
+    smallest fleets at the peak and the spike with intervals."""
     output = run("plan", "--no-check")
-    assert "workers" in output
+    assert "mean-value law" in output
     assert "tokens per month" in output
-    data = run_json("plan", "--peak", "20", "--cpu", "0", "--io", "1", "--slots", "10")
+    data = run_json(
+        "plan", "--peak", "20", "--cpu", "0", "--io", "1", "--slots", "10", "--no-check"
+    )
     assert isinstance(data, dict)
     assert data["plan"]["workers"] == 5
-    assert set(data["simulated_peak"]) == {"planned fleet", "one worker lost"}
+    data = run_json(
+        "plan", "--peak", "8", "--spike", "1.5", "--slots", "4", "--waiting", "0",
+        "--horizon", "100", "--replications", "3", "--theory",
+    )  # fmt: skip
+    assert isinstance(data, dict)
+    assert set(data["sizes"]) == {"peak", "spike"}
+    peak, spike = data["sizes"]["peak"], data["sizes"]["spike"]
+    assert peak["workers"] <= spike["workers"]
+    chosen = peak["chosen"]["shed_share"]
+    assert chosen["mean"] < 0.01
+    assert chosen["n"] == 3
+    assert peak["one_fewer"]["shed_share"]["mean"] >= 0.01
+    assert peak["theory_workers"] is not None
+    assert data["workers"] == max(data["plan"]["workers"], spike["workers"])
+
+
+def test_plan_gives_the_same_bytes_on_one_or_two_pool_workers() -> None:
+    args = ("plan", "--peak", "8", "--slots", "4", "--horizon", "60", "--replications", "4")
+    assert run_json(*args, "--jobs", "1") == run_json(*args, "--jobs", "2")
 
 
 def test_replay_compares_recorded_and_replayed_outcomes(tmp_path: Path) -> None:
@@ -184,6 +226,16 @@ def test_replay_compares_recorded_and_replayed_outcomes(tmp_path: Path) -> None:
         ("storm", "--rate", "0"),
         ("gameday", "--scenario", "/nonexistent/release.json"),
         ("plan", "--peak", "0"),
+        ("plan", "--peak", "-3"),
+        ("plan", "--waiting", "-2"),
+        ("plan", "--slots", "0"),
+        ("plan", "--replications", "0"),
+        ("plan", "--dispatch", "random"),
+        ("load", "--waiting", "-2"),
+        ("load", "--workers", "0"),
+        ("load", "--rate", "-1"),
+        ("load", "--replications", "0"),
+        ("load", "--jobs", "0"),
         ("replay", "--log", "/nonexistent/log.jsonl"),
     ],
 )

@@ -457,3 +457,53 @@ def test_mmck_refuses_an_enormous_capacity() -> None:
     """A capacity beyond the state limit is refused rather than ground through."""
     with pytest.raises(ValueError, match=r"^k must be below"):
         mmck(1.0, 1.0, 1, MAX_STATES)
+
+
+# E_k/M/c/K and GI/M/c/c
+
+
+def test_ekmck_with_poisson_arrivals_is_mmck_and_mmc() -> None:
+    finite = theory.ekmck(6.5, 1.0, 8, 1, 12)
+    exact = mmck(6.5, 1.0, 8, 12)
+    assert close(finite.p_block, exact.p_block, 1e-9)
+    assert close(finite.mean_in_system, exact.mean_in_system, 1e-9)
+    unbounded = theory.ekmck(6.5, 1.0, 8, 1)
+    assert close(unbounded.mean_wait, mmc(6.5, 1.0, 8).mean_wait, 1e-9)
+    assert close(unbounded.p_wait, mmc(6.5, 1.0, 8).p_wait, 1e-9)
+
+
+@pytest.mark.parametrize("phases", [1, 2, 4, 8])
+def test_ekmck_loss_matches_takacs(phases: int) -> None:
+    """With no waiting room the chain agrees with the GI/M/c/c formula, and smoother arrivals
+    (more phases) lose less."""
+    rate = phases * 5.0
+
+    def transform(s: float) -> float:
+        return (rate / (rate + s)) ** phases
+
+    chain = theory.ekmck(5.0, 1.0 / 0.815, 8, phases, 8).p_block
+    assert close(chain, theory.gimcc_blocking(transform, 1.0 / 0.815, 8), 1e-9)
+    if phases == 1:
+        assert close(chain, erlang_b(8, 5.0 * 0.815), 1e-9)
+    else:
+        assert chain < erlang_b(8, 5.0 * 0.815)
+
+
+def test_ek_m1_matches_the_gi_m1_closed_form() -> None:
+    """E_3/M/1: P(wait) is the root sigma of sigma = phi(mu (1 - sigma)), W_q = sigma / (mu (1 - sigma))."""
+    lam, mu, k = 0.7, 1.0, 3
+    sigma = 0.5
+    for _ in range(2000):
+        sigma = (k * lam / (k * lam + mu * (1 - sigma))) ** k
+    result = theory.ekmck(lam, mu, 1, k)
+    assert close(result.p_wait, sigma, 1e-9)
+    assert close(result.mean_wait, sigma / (mu * (1 - sigma)), 1e-9)
+
+
+def test_ekmck_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="phases"):
+        theory.ekmck(1.0, 1.0, 2, 0, 4)
+    with pytest.raises(ValueError, match="stable"):
+        theory.ekmck(3.0, 1.0, 2, 2)
+    with pytest.raises(ValueError, match="k must be"):
+        theory.ekmck(1.0, 1.0, 4, 2, 2)

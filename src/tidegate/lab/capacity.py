@@ -6,29 +6,52 @@ requests per second. Raise slots while the slot limit binds; add workers (proces
 core limit does.
 
 :func:`plan_workers` sizes a fleet for a peak at a target utilisation plus spare workers and
-reports the utilisation at the peak and with one worker lost. :func:`monthly_cost` splits the
-bill into compute (paid busy or idle) and tokens (which follow traffic).
+reports the utilisation at the peak and with one worker lost: the mean-value law.
+:func:`size_fleet` sizes the fleet by simulation instead: the smallest fleet whose share of
+refused (or expired) requests, averaged over independent replications after an MSER-5 warm-up,
+is below a target at a rate, with intervals, Little's law and a stationarity check for each size
+tried, and the size that the model matching the dispatch rule gives (:func:`theory_shed`).
+:func:`monthly_cost` splits the bill into compute (paid busy or idle) and tokens (which follow
+traffic).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tidegate.lab.engine import Fleet, Traffic, ceiling, simulate
+from tidegate.lab.replicate import (
+    LittleCheck,
+    Stationarity,
+    littles_check,
+    mser5_warmup,
+    run_replications,
+    stationarity,
+    steady_metrics,
+)
+from tidegate.lab.stats import Interval, interval
+from tidegate.lab.theory import ekmck, mmck_blocking
 from tidegate.lab.workload import Deterministic, Distribution, Exponential, Poisson
 from tidegate.policy.admission import AdmissionOptions
 
 __all__ = [
+    "MAX_FLEET",
     "CapacityRow",
     "MonthlyCost",
     "Plan",
+    "PlanSpec",
+    "Sized",
+    "Sizing",
     "capacity_table",
     "monthly_cost",
     "plan_workers",
     "simulate_peak",
+    "simulate_size",
+    "size_fleet",
+    "theory_shed",
 ]
 
 HOURS_PER_MONTH = 730.0
@@ -271,3 +294,196 @@ def simulate_peak(
     )
     total = report.total
     return total.shed_total / total.offered, total.latency.p95
+
+
+# --------------------------------------------------------------------------- sizing by simulation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSpec:
+    """The fleet a sizing simulates, but for its number of workers and the rate."""
+
+    slots: int
+    waiting: int | None
+    cpu: Distribution | None
+    io: Distribution
+    cores: int = 1
+    deadline: float | None = None
+    dispatch: Literal["round_robin", "shortest_queue"] = "round_robin"
+    horizon: float = 300.0
+
+    def fleet(self, workers: int) -> Fleet:
+        return Fleet(
+            admission=_admission(self.slots, queue_cap=self.waiting),
+            cpu=self.cpu,
+            io=self.io,
+            workers=workers,
+            cores=self.cores,
+            dispatch=self.dispatch,
+        )
+
+    def traffic(self, rate: float) -> Traffic:
+        return Traffic(arrivals=Poisson(rate=rate), deadline=self.deadline, on_deadline="leave")
+
+
+def _sizing_replication(task: tuple[PlanSpec, int, float, float], seed: int) -> dict[str, Any]:
+    spec, workers, rate, warmup = task
+    report = simulate(
+        spec.traffic(rate),
+        spec.fleet(workers),
+        horizon=spec.horizon,
+        warmup=warmup,
+        seed=seed,
+        series=100,
+    )
+    return steady_metrics(report)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sized:
+    """One fleet size simulated at one rate: the share refused or expired, p95, the checks."""
+
+    workers: int
+    rate: float
+    warmup: float
+    failed: Interval
+    p95: Interval
+    little: LittleCheck
+    steady: Stationarity
+    theory: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "workers": self.workers,
+            "rate": self.rate,
+            "warmup": self.warmup,
+            "shed_share": self.failed.as_dict(),
+            "p95": self.p95.as_dict(),
+            "littles_law": self.little.as_dict(),
+            "stationarity": self.steady.as_dict(),
+            "theory_shed_share": self.theory,
+        }
+
+
+def theory_shed(spec: PlanSpec, workers: int, rate: float) -> float | None:
+    """The refused share the matching model predicts, or ``None`` where none applies.
+
+    Round-robin: each worker sees every ``workers``-th Poisson arrival, so Erlang-``workers``
+    gaps at ``rate / workers``: E_k/M/c/K per worker (:func:`~tidegate.lab.theory.ekmck`).
+    Shortest queue: the fleet as one M/M/c/K with ``c = workers x slots`` (exact with no waiting
+    room, where a request is refused only when every slot is busy; an approximation with one,
+    since a waiting request does not move to a worker that frees a slot first). Service is
+    taken as exponential of the mean CPU plus IO time; a deadline or an unbounded queue gives
+    ``None`` (an unbounded queue refuses nobody).
+    """
+    if spec.waiting is None or spec.deadline is not None:
+        return None
+    mean = spec.io.mean + (spec.cpu.mean if spec.cpu is not None else 0.0)
+    mu = 1.0 / mean
+    if spec.dispatch == "shortest_queue":
+        servers = workers * spec.slots
+        return mmck_blocking(rate, mu, servers, servers + workers * spec.waiting)
+    return ekmck(rate / workers, mu, spec.slots, workers, spec.slots + spec.waiting).p_block
+
+
+def simulate_size(
+    spec: PlanSpec,
+    workers: int,
+    rate: float,
+    *,
+    seed: int,
+    replications: int,
+    jobs: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> Sized:
+    """``workers`` workers at ``rate``, over replications after an MSER-5 warm-up."""
+    fleet, traffic = spec.fleet(workers), spec.traffic(rate)
+    warmup = mser5_warmup(traffic, fleet, horizon=spec.horizon, seed=seed)
+    metrics = run_replications(
+        _sizing_replication,
+        (spec, workers, rate, warmup),
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    failed = [float(m["shed_share"]) + float(m["expired_share"]) for m in metrics]
+    return Sized(
+        workers=workers,
+        rate=rate,
+        warmup=warmup,
+        failed=interval(failed),
+        p95=interval([math.nan if m["p95"] is None else float(m["p95"]) for m in metrics]),
+        little=littles_check(metrics),
+        steady=stationarity(metrics),
+        theory=theory_shed(spec, workers, rate),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sizing:
+    """The smallest fleet whose mean refused share is below ``target`` at ``rate``, with the
+    size below it (which misses the target) for comparison, and the size theory gives."""
+
+    rate: float
+    target: float
+    chosen: Sized
+    below: Sized | None
+    theory_workers: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "target": self.target,
+            "workers": self.chosen.workers,
+            "chosen": self.chosen.as_dict(),
+            "one_fewer": None if self.below is None else self.below.as_dict(),
+            "theory_workers": self.theory_workers,
+        }
+
+
+MAX_FLEET = 10_000
+
+
+def size_fleet(
+    spec: PlanSpec,
+    rate: float,
+    *,
+    target: float,
+    seed: int,
+    replications: int,
+    jobs: int = 1,
+    on_size: Callable[[int, float], Callable[[], None] | None] | None = None,
+) -> Sizing:
+    """The smallest fleet meeting ``target`` at ``rate``, found by simulation.
+
+    The search starts one below the fleet whose ceiling just carries ``rate`` (below that the
+    fleet is overloaded) and adds a worker until the mean refused share over the replications is
+    below ``target``. ``on_size(workers, rate)`` may return a progress callback for that size.
+    """
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target must be in (0, 1), got {target!r}")
+    per_worker = spec.fleet(1).ceiling
+    workers = max(1, math.ceil(round(rate / per_worker, 9)) - 1)
+    below: Sized | None = None
+    while True:
+        tick = on_size(workers, rate) if on_size is not None else None
+        sized = simulate_size(
+            spec, workers, rate, seed=seed, replications=replications, jobs=jobs, progress=tick
+        )
+        if sized.failed.mean < target:
+            break
+        if workers >= MAX_FLEET:
+            raise ValueError(f"no fleet of up to {MAX_FLEET} workers meets the target")
+        below, workers = sized, workers + 1
+    theory_workers = None
+    if theory_shed(spec, 1, rate) is not None:
+        theory_workers = 1
+        while (shed := theory_shed(spec, theory_workers, rate)) is not None and shed >= target:
+            theory_workers += 1
+            if theory_workers > MAX_FLEET:
+                theory_workers = None
+                break
+    return Sizing(
+        rate=rate, target=target, chosen=sized, below=below, theory_workers=theory_workers
+    )

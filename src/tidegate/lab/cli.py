@@ -28,7 +28,7 @@ from tidegate.lab import replay as replay_module
 from tidegate.lab import scaling as scaling_module
 from tidegate.lab import storm as storm_module
 from tidegate.lab import surge as surge_module
-from tidegate.lab.engine import Fleet
+from tidegate.lab.engine import DISPATCH_RULES, Fleet
 from tidegate.lab.workload import Deterministic, Exponential, load_trace, parse_distribution
 from tidegate.policy.admission import AdmissionOptions
 
@@ -184,7 +184,9 @@ def capacity(
 # --------------------------------------------------------------------------- load
 
 
-def _fleet(*, workers: int, slots: int, waiting: int, cpu: float, io: str) -> Fleet:
+def _fleet(
+    *, workers: int, slots: int, waiting: int, cpu: float, io: str, dispatch: str = "round_robin"
+) -> Fleet:
     return Fleet(
         admission=AdmissionOptions(
             classes=("standard",),
@@ -197,50 +199,74 @@ def _fleet(*, workers: int, slots: int, waiting: int, cpu: float, io: str) -> Fl
         cpu=Deterministic(value=cpu) if cpu > 0 else None,
         io=_distribution(io, "--io"),
         workers=workers,
+        dispatch=_dispatch(dispatch),
     )
 
 
 @lab_app.command()
 def load(
     rate: Annotated[
-        list[float] | None, typer.Option(help="Offered rate (req/s); repeat for a sweep.")
+        list[float] | None,
+        typer.Option(help="Offered rate (req/s); repeat for a sweep.", callback=_positive_list),
     ] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
-    slots: Annotated[int, typer.Option(help="In-flight slots per worker.")] = 8,
-    waiting: Annotated[int, typer.Option(help="Waiting places per worker; -1 is unbounded.")] = 8,
-    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
+    slots: Annotated[int, typer.Option(min=1, help="In-flight slots per worker.")] = 8,
+    waiting: Annotated[
+        int, typer.Option(min=-1, help="Waiting places per worker; -1 is unbounded.")
+    ] = 8,
+    cpu: Annotated[float, typer.Option(min=0.0, help="Seconds of CPU per request.")] = 0.015,
     io: Annotated[
         str, typer.Option(help="Model-call time: exp:MEAN, det:S, lognormal:MEAN,SCV.")
     ] = "exp:0.8",
-    horizon: Annotated[float, typer.Option(help="Seconds simulated per rate.")] = 600.0,
-    warmup: Annotated[float, typer.Option(help="Seconds discarded at the start.")] = 60.0,
+    dispatch: DispatchOption = "round_robin",
+    horizon: Annotated[
+        float, typer.Option(help="Seconds simulated per replication.", callback=_positive)
+    ] = 600.0,
+    warmup: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Seconds discarded at the start (default: MSER-5 chooses)."),
+    ] = None,
     theory: Annotated[
-        bool, typer.Option(help="Show M/M/c/K theory beside (needs --cpu 0 and exp io).")
+        bool,
+        typer.Option(help="Show the model matching --dispatch beside (needs --cpu 0, exp io)."),
     ] = False,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """A sweep of offered rates: shed %, p95, throughput, utilisation, L and lambda x W."""
+    """A sweep of offered rates: shed %, p95, throughput, utilisation, and Little's law (L
+    against lambda_eff x W from the departures), each a mean with its 95% interval."""
     rates = rate or [4.0, 8.0, 10.0, 14.0]
+    if warmup is not None and warmup >= horizon:
+        raise _fail(f"--warmup must be below --horizon ({horizon:g}), got {warmup:g}")
     try:
-        fleet = _fleet(workers=workers, slots=slots, waiting=waiting, cpu=cpu, io=io)
-        with _progress(len(rates), "load sweep", not json_output) as tick:
-            points = load_module.load_sweep(
-                rates,
-                fleet,
-                horizon=horizon,
-                warmup=warmup,
-                seed=seed,
-                with_theory=theory,
-                progress=tick,
-            )
+        fleet = _fleet(
+            workers=workers, slots=slots, waiting=waiting, cpu=cpu, io=io, dispatch=dispatch
+        )
+        points = []
+        with _progress(len(rates) * replications, "replications", not json_output) as tick:
+            for one in rates:
+                points.append(
+                    load_module.load_summary(
+                        one,
+                        fleet,
+                        horizon=horizon,
+                        warmup=warmup,
+                        seed=seed,
+                        replications=replications,
+                        jobs=_jobs(jobs),
+                        with_theory=theory,
+                        progress=tick,
+                    )
+                )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     if plot is not None:
-        from tidegate.lab.plot import plot_load
+        from tidegate.lab.plot import plot_load_summary
 
-        plot_load(points, plot)
+        plot_load_summary(points, plot)
     if json_output:
         _emit_json(
             {
@@ -250,26 +276,32 @@ def load(
                     "waiting": waiting,
                     "cpu": cpu,
                     "io": io,
+                    "dispatch": dispatch,
                 },
                 "ceiling": fleet.ceiling,
+                "replications": replications,
+                "seed": seed,
                 "points": [p.as_dict() for p in points],
             }
         )
         return
-    columns = ["rate", "shed %", "p95 s", "done/s", "slots used", "L", "lambda*W"]
+    model = _model_name(dispatch) if workers > 1 else "M/M/c/K"
+    columns = ["rate", "warm-up s", "shed %", "p95 s", "done/s", "slots used", "L", "lambda_eff*W"]
     if theory:
-        columns += ["shed % (M/M/c/K)", "L (M/M/c/K)"]
+        columns += ["shed % (theory)", "L (theory)"]
     rows = []
+    warnings = []
     for p in points:
-        r = p.report
+        f = p.figures
         row = [
             _fmt(p.rate, 1),
-            _fmt(100 * p.shed_share, 1),
-            _fmt(r.total.latency.p95),
-            _fmt(r.throughput),
-            _fmt(r.utilisation),
-            _fmt(r.in_system_mean),
-            _fmt(r.littles_product),
+            _fmt(p.warmup, 0),
+            f["shed_share"].format(1, 100),
+            f["p95"].format(2),
+            f["throughput"].format(2),
+            f["utilisation"].format(2),
+            p.little.L.format(2),
+            p.little.lambda_w.format(2) + ("" if p.little.holds else " (!)"),
         ]
         if theory:
             row += (
@@ -278,11 +310,21 @@ def load(
                 else ["n/a", "n/a"]
             )
         rows.append(row)
+        if p.steady.warning is not None:
+            warnings.append(f"rate {p.rate:g}: {p.steady.warning}")
+        if not p.little.holds:
+            warnings.append(
+                f"rate {p.rate:g}: Little's law fails: L - lambda_eff W = "
+                f"{p.little.difference.format(2)} ({p.little.relative.format(1, 100)}% of L)"
+            )
     title = (
         f"{workers} worker(s) x {slots} slots, {waiting if waiting >= 0 else 'unbounded'} waiting, "
-        f"cpu {cpu:g} s, io {io}: ceiling {fleet.ceiling:.1f} req/s"
+        f"cpu {cpu:g} s, io {io}, {dispatch}: ceiling {fleet.ceiling:.1f} req/s; "
+        f"{replications} replications, 95% CI" + (f"; theory {model}" if theory else "")
     )
     _console().print(_table(title, columns, rows))
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
     _wrote(plot)
 
 
@@ -680,30 +722,155 @@ def autoscale(
 # --------------------------------------------------------------------------- plan
 
 
+def _positive(value: float | None) -> float | None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise typer.BadParameter(f"must be a finite number > 0, got {value!r}")
+    return value
+
+
+def _positive_list(values: list[float] | None) -> list[float] | None:
+    for value in values or []:
+        _positive(value)
+    return values
+
+
+ReplicationsOption = Annotated[
+    int, typer.Option(min=1, help="Independent replications; figures are their mean and 95% CI.")
+]
+JobsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Processes running replications (default: every core).", show_default=False
+    ),
+]
+DispatchOption = Annotated[
+    str,
+    typer.Option(help="How requests reach workers: round_robin or shortest_queue."),
+]
+
+
+def _jobs(jobs: int | None) -> int:
+    return jobs if jobs is not None else (os.cpu_count() or 1)
+
+
+def _dispatch(text: str) -> Any:
+    if text not in DISPATCH_RULES:
+        raise _fail(f"--dispatch: use one of {', '.join(DISPATCH_RULES)}, got {text!r}")
+    return text
+
+
+@contextmanager
+def _sizing_progress(enabled: bool, replications: int) -> Iterator[Any]:
+    """A progress bar over each fleet size's replications, relabelled per size."""
+    if not enabled:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("replications", total=replications)
+
+        def on_size(workers: int, rate: float) -> Callable[[], None]:
+            progress.reset(
+                task, total=replications, description=f"{workers} workers at {rate:g} req/s"
+            )
+            return lambda: progress.advance(task)
+
+        yield on_size
+
+
 @lab_app.command()
 def plan(
-    peak: Annotated[float, typer.Option(help="Peak requests per second.")] = 40.0,
-    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
-    io: Annotated[float, typer.Option(help="Seconds waiting for the model per request.")] = 0.8,
-    slots: Annotated[int, typer.Option(help="In-flight slots per worker.")] = 8,
-    cores: Annotated[int, typer.Option(help="Cores per worker.")] = 1,
+    peak: Annotated[
+        float, typer.Option(help="Peak requests per second.", callback=_positive)
+    ] = 40.0,
+    spike: Annotated[
+        float, typer.Option(min=1.0, help="Spike as a multiple of the peak (1: no spike check).")
+    ] = 1.5,
+    cpu: Annotated[float, typer.Option(min=0.0, help="Seconds of CPU per request.")] = 0.015,
+    io: Annotated[
+        float,
+        typer.Option(help="Mean seconds waiting for the model (exponential).", callback=_positive),
+    ] = 0.8,
+    slots: Annotated[int, typer.Option(min=1, help="In-flight slots per worker.")] = 8,
+    waiting: Annotated[
+        int, typer.Option(min=-1, help="Waiting places per worker; -1 is unbounded.")
+    ] = 0,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a caller waits before giving up (default: forever).", callback=_positive
+        ),
+    ] = None,
+    shed_target: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Largest share refused or expired.")
+    ] = 0.01,
+    cores: Annotated[int, typer.Option(min=1, help="Cores per worker.")] = 1,
     target: Annotated[float, typer.Option(help="Target utilisation of each worker.")] = 0.6,
-    spare: Annotated[int, typer.Option(help="Spare workers beyond the target.")] = 1,
-    requests_per_month: Annotated[float, typer.Option(help="Requests per month.")] = 20_000_000,
-    tokens_per_request: Annotated[float, typer.Option(help="Tokens per request.")] = 1200,
-    worker_hour: Annotated[float, typer.Option(help="Price of one worker for an hour.")] = 0.05,
-    price_per_1k_tokens: Annotated[float, typer.Option(help="Price of 1,000 tokens.")] = 0.002,
-    check: Annotated[bool, typer.Option(help="Simulate the peak on the planned fleet.")] = True,
+    spare: Annotated[int, typer.Option(min=0, help="Spare workers beyond the target.")] = 1,
+    dispatch: DispatchOption = "round_robin",
+    horizon: Annotated[
+        float, typer.Option(help="Seconds simulated per replication.", callback=_positive)
+    ] = 300.0,
+    requests_per_month: Annotated[
+        float, typer.Option(min=0.0, help="Requests per month.")
+    ] = 20_000_000,
+    tokens_per_request: Annotated[float, typer.Option(min=0.0, help="Tokens per request.")] = 1200,
+    worker_hour: Annotated[
+        float, typer.Option(min=0.0, help="Price of one worker for an hour.")
+    ] = 0.05,
+    price_per_1k_tokens: Annotated[
+        float, typer.Option(min=0.0, help="Price of 1,000 tokens.")
+    ] = 0.002,
+    check: Annotated[
+        bool, typer.Option(help="Size the fleet by simulation at the peak and the spike.")
+    ] = True,
+    theory: Annotated[
+        bool, typer.Option(help="Show the size the model matching --dispatch gives.")
+    ] = False,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
 ) -> None:
-    """Workers for a peak at a target utilisation with a spare, and the monthly cost."""
+    """Workers for a peak: the mean-value law, and the smallest fleets that simulation finds
+    meeting a shed target at the peak and at a spike, with 95% intervals."""
     try:
         planned = capacity_module.plan_workers(
             peak, cpu=cpu, io=io, slots=slots, cores=cores, target_utilisation=target, spare=spare
         )
+        spec = capacity_module.PlanSpec(
+            slots=slots,
+            waiting=None if waiting < 0 else waiting,
+            cpu=Deterministic(value=cpu) if cpu > 0 else None,
+            io=Exponential(mean=io),
+            cores=cores,
+            deadline=deadline,
+            dispatch=_dispatch(dispatch),
+            horizon=horizon,
+        )
+        sizings: dict[str, capacity_module.Sizing] = {}
+        if check:
+            rates = {"peak": peak} if spike == 1.0 else {"peak": peak, "spike": peak * spike}
+            with _sizing_progress(not json_output, replications) as on_size:
+                for name, rate in rates.items():
+                    sizings[name] = capacity_module.size_fleet(
+                        spec,
+                        rate,
+                        target=shed_target if shed_target > 0 else 1e-9,
+                        seed=seed,
+                        replications=replications,
+                        jobs=_jobs(jobs),
+                        on_size=on_size,
+                    )
+        fleet_size = max([planned.workers, *(s.chosen.workers for s in sizings.values())])
         cost = capacity_module.monthly_cost(
-            planned.workers,
+            fleet_size,
             requests_per_month=requests_per_month,
             tokens_per_request=tokens_per_request,
             worker_hour_price=worker_hour,
@@ -711,61 +878,82 @@ def plan(
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    checks: dict[str, tuple[float, float]] = {}
-    if check:
-        cpu_part = Deterministic(value=cpu) if cpu > 0 else None
-        io_part = Exponential(mean=io)
-        checks["planned fleet"] = capacity_module.simulate_peak(
-            planned, cpu=cpu_part, io=io_part, slots=slots, cores=cores, seed=seed
-        )
-        if planned.workers > 1:
-            checks["one worker lost"] = capacity_module.simulate_peak(
-                planned,
-                cpu=cpu_part,
-                io=io_part,
-                slots=slots,
-                cores=cores,
-                workers=planned.workers - 1,
-                seed=seed,
-            )
     if json_output:
         _emit_json(
             {
+                "replications": replications,
+                "seed": seed,
+                "dispatch": dispatch,
+                "waiting": waiting,
+                "deadline": deadline,
                 "plan": planned.as_dict(),
+                "sizes": {name: s.as_dict() for name, s in sizings.items()},
+                "workers": fleet_size,
                 "monthly_cost": {
                     **cost.as_dict(),
                     "per_request": cost.per_request(requests_per_month),
                 },
-                "simulated_peak": {
-                    name: {"shed_share": shed, "p95": p95} for name, (shed, p95) in checks.items()
-                },
             }
         )
         return
-    console = _console()
     rows = [
-        ["workers", f"{planned.workers} ({planned.spare} spare)"],
+        [
+            "mean-value law",
+            f"{planned.workers} ({planned.spare} spare, {planned.utilisation_at_peak:.0%} used at peak)",
+        ],
         ["ceiling per worker", f"{planned.per_worker_ceiling:.1f} req/s"],
-        ["fleet slot limit", f"{planned.slot_limit_rps:.1f} req/s"],
-        ["fleet core limit", f"{_fmt(planned.core_limit_rps, 1)} req/s"],
-        ["utilisation at peak", f"{planned.utilisation_at_peak:.0%}"],
-        ["utilisation, one worker lost", f"{_fmt(100 * planned.utilisation_one_down, 0)}%"],
     ]
-    for name, (shed, p95) in checks.items():
-        rows.append([f"simulated peak, {name}", f"shed {shed:.1%}, p95 {p95:.2f} s"])
+    warnings = []
+    for name, sizing in sizings.items():
+        chosen = sizing.chosen
+        rows.append(
+            [
+                f"smallest fleet, {name} {sizing.rate:g} req/s",
+                f"{chosen.workers}: shed {chosen.failed.format(2, 100)}%, p95 {chosen.p95.format(2)} s",
+            ]
+        )
+        if sizing.below is not None:
+            rows.append(
+                [
+                    f"  one fewer ({sizing.below.workers})",
+                    f"shed {sizing.below.failed.format(2, 100)}%",
+                ]
+            )
+        if theory:
+            rows.append(
+                [
+                    f"  theory ({_model_name(dispatch)})",
+                    "n/a" if sizing.theory_workers is None else str(sizing.theory_workers),
+                ]
+            )
+        for sized in (chosen, sizing.below):
+            if sized is not None and sized.steady.warning is not None:
+                warnings.append(
+                    f"{sized.workers} workers at {sized.rate:g} req/s: {sized.steady.warning}"
+                )
     rows += [
+        ["workers to run", str(fleet_size)],
         ["compute per month", f"{cost.compute:,.2f}"],
         ["tokens per month", f"{cost.tokens:,.2f}"],
         ["total per month", f"{cost.total:,.2f}"],
         ["per request", f"{cost.per_request(requests_per_month):.6f}"],
     ]
+    room = "unbounded" if waiting < 0 else str(waiting)
+    console = _console()
     console.print(
         _table(
-            f"Plan for {peak:g} req/s at {target:.0%} target, {slots} slots per worker",
+            f"Plan for {peak:g} req/s (spike x{spike:g}), {slots} slots and {room} waiting per "
+            f"worker, {dispatch}, shed < {shed_target:.1%}; {replications} replications, 95% CI",
             ["", "value"],
             rows,
         )
     )
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+
+
+def _model_name(dispatch: str) -> str:
+    return "E_k/M/c/K per worker" if dispatch == "round_robin" else "M/M/c/K pooled"
 
 
 # --------------------------------------------------------------------------- replay

@@ -69,6 +69,7 @@ from tidegate.policy.admission import (
 )
 
 __all__ = [
+    "DISPATCH_RULES",
     "EventQueue",
     "Fleet",
     "Simulation",
@@ -86,6 +87,10 @@ _CLIENT: Final = 3
 _TICK: Final = 4
 _CALL: Final = 5
 _WARMUP: Final = 6
+_SLICE: Final = 7
+
+#: How a fleet dispatches a new request to its workers.
+DISPATCH_RULES: Final = ("round_robin", "shortest_queue")
 
 _UNIT_EXPONENTIAL: Final = Exponential(mean=1.0)
 
@@ -189,8 +194,14 @@ class Fleet:
     workers: int = 1
     cores: int = 1
     start_margin: float = 0.0
+    #: ``"round_robin"`` (each new request to the next active worker, as a load balancer with no
+    #: feedback does) or ``"shortest_queue"`` (to the active worker holding the fewest requests,
+    #: waiting or in service; ties go round-robin).
+    dispatch: Literal["round_robin", "shortest_queue"] = "round_robin"
 
     def __post_init__(self) -> None:
+        if self.dispatch not in DISPATCH_RULES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_RULES!r}, got {self.dispatch!r}")
         if not math.isfinite(self.start_margin) or self.start_margin < 0:
             raise ValueError(
                 f"start_margin must be a finite number >= 0, got {self.start_margin!r}"
@@ -312,6 +323,8 @@ class Simulation:
     """One run of ``traffic`` against ``fleet`` from time 0 to ``horizon``.
 
     The window ``[warmup, horizon]`` is measured; what happens before it only fills the system.
+    ``series`` cuts ``[0, horizon]`` into that many equal slices and reports the time-average
+    number in the system in each (for a warm-up rule and a stationarity check).
     ``tick=(every, hook)`` calls ``hook(simulation)`` every ``every`` seconds (an autoscaler,
     a sampler); ``call_at`` schedules one call. Hooks may read the gauges below and add or retire
     workers.
@@ -326,7 +339,10 @@ class Simulation:
         seed: int = 0,
         warmup: float = 0.0,
         tick: tuple[float, Callable[[Simulation], None]] | None = None,
+        series: int = 0,
     ) -> None:
+        if isinstance(series, bool) or series < 0:
+            raise ValueError(f"series must be an int >= 0, got {series!r}")
         if not math.isfinite(horizon) or horizon <= 0:
             raise ValueError(f"horizon must be a finite number > 0, got {horizon!r}")
         if not 0.0 <= warmup < horizon:
@@ -340,6 +356,7 @@ class Simulation:
         self.seed = seed
         self.clock = ManualClock()
         self._tick = tick
+        self.series = series
         self._heap: list[_Scheduled] = []
         self._seq = 0
         options = fleet.admission
@@ -495,6 +512,7 @@ class _Run:
         self.slots = fleet.admission.slots
         self.margin = fleet.start_margin
         self.rr = 0
+        self.jsq = fleet.dispatch == "shortest_queue"
         self._traffic(sim, traffic)
         self._service(sim, fleet, traffic.arrivals)
         # --- bookkeeping
@@ -506,7 +524,11 @@ class _Run:
         self.busy = 0  # slots held
         self.cpu_busy = 0  # cores held
         self.area_n = self.area_busy = self.area_cpu = 0.0
+        self.area_pre = 0.0  # the area of n over time before the warm-up ended
         self.last = 0.0
+        self.departed = 0  # requests that left the system inside the window
+        self.sojourn_sum = 0.0  # their whole times in the system, arrival to departure
+        self.slices: list[float] = []  # the area of n over time at each slice's end
         self.overlap_sum = 0.0  # per-request time inside the window, summed at each departure
         self.live_start_sum = 0.0  # sum over requests inside of max(arrival, warmup)
         self.passages = 0  # requests present at the warmup plus those admitted after it
@@ -517,6 +539,8 @@ class _Run:
             sim._push(self.t0, _WARMUP, None, 0, 0.0)
         if sim._tick is not None:
             sim._push(min(sim._tick[0], self.horizon), _TICK, None, 0, 0.0)
+        if sim.series:
+            sim._push(self.horizon / sim.series, _SLICE, None, 0, 0.0)
         if self.closed:
             for client in range(self.clients_count):
                 sim._push(self.think.draw(), _CLIENT, client, 0, 0.0)
@@ -671,13 +695,7 @@ class _Run:
             relative = self.deadlines[ci]
             deadline_at = None if relative is None else t + relative
         active = self.active
-        if len(active) == 1:
-            w = active[0]
-        else:
-            self.rr += 1
-            if self.rr >= len(active):
-                self.rr = 0
-            w = active[self.rr]
+        w = active[0] if len(active) == 1 else self.dispatch(active)
         self.offered_total += 1
         counted = t >= self.t0
         tally = self.tallies[ci]
@@ -725,6 +743,28 @@ class _Run:
             self.trace_io[ticket] = io
         if self.leave and deadline_at is not None:
             self.push(deadline_at, _DEADLINE, ticket, w, 0.0)
+
+    def dispatch(self, active: list[int]) -> int:
+        """The worker a new request goes to: the next one round-robin, or with ``shortest_queue``
+        the one holding the fewest requests, looking from the next one round-robin."""
+        self.rr += 1
+        count = len(active)
+        if self.rr >= count:
+            self.rr = 0
+        best = active[self.rr]
+        if not self.jsq:
+            return best
+        workers = self.workers
+        fewest = workers[best].held
+        for offset in range(1, count):
+            position = self.rr + offset
+            if position >= count:
+                position -= count
+            candidate = active[position]
+            held = workers[candidate].held
+            if held < fewest:
+                best, fewest = candidate, held
+        return best
 
     def serve(self, t: float, ticket: Ticket, worker: Worker, w: int, io: float) -> None:
         """A request that holds a slot: its CPU part first (on a free core, or queued for one),
@@ -834,6 +874,8 @@ class _Run:
         begin = arrived if arrived > self.t0 else self.t0
         self.overlap_sum += t - begin
         self.live_start_sum -= begin
+        self.departed += 1
+        self.sojourn_sum += t - arrived
 
     def control(self, t: float, kind: int, subject: Any) -> None:
         """A tick, a scheduled call, or the end of the warm-up: the gauges a hook may read are
@@ -842,8 +884,14 @@ class _Run:
         sim._seq = self.seq
         sim.offered = self.offered_total
         sim.in_system = self.n
-        if kind == _WARMUP:
+        if kind == _SLICE:
+            self.slices.append(self.area_pre + self.area_n)
+            following = self.horizon * (len(self.slices) + 1) / sim.series
+            if len(self.slices) < sim.series:
+                sim._push(following, _SLICE, None, 0, 0.0)
+        elif kind == _WARMUP:
             self.measuring = True
+            self.area_pre += self.area_n
             self.area_n = self.area_busy = self.area_cpu = 0.0
             self.live_start_sum = self.n * self.t0
             self.passages = self.n
@@ -909,7 +957,25 @@ class _Run:
             in_system_mean=self.area_n / window,
             passage_rate=self.passages / window,
             time_in_system_mean=self.overlap_sum / self.passages if self.passages else 0.0,
+            departure_rate=self.departed / window,
+            sojourn_mean=self.sojourn_sum / self.departed if self.departed else math.nan,
+            in_system_series=self.series_means(),
         )
+
+    def series_means(self) -> tuple[float, ...]:
+        """The time-average number in the system in each slice of ``[0, horizon]``."""
+        count = self.sim.series
+        if not count:
+            return ()
+        area = self.area_pre + self.area_n
+        ends = [*self.slices[: count - 1], area]  # the last slice ends at the horizon
+        step = self.horizon / count
+        means = []
+        previous = 0.0
+        for end in ends:
+            means.append((end - previous) / step)
+            previous = end
+        return tuple(means)
 
     def class_report(self, ci: int, live_end: int) -> ClassReport:
         tally = self.tallies[ci]
@@ -940,6 +1006,10 @@ def simulate(
     horizon: float,
     seed: int = 0,
     warmup: float = 0.0,
+    series: int = 0,
 ) -> Report:
-    """Run ``traffic`` against ``fleet`` once and report on ``[warmup, horizon]``."""
-    return Simulation(traffic, fleet, horizon=horizon, seed=seed, warmup=warmup).run()
+    """Run ``traffic`` against ``fleet`` once and report on ``[warmup, horizon]``; ``series``
+    slices of ``[0, horizon]`` report the number in the system over time."""
+    return Simulation(
+        traffic, fleet, horizon=horizon, seed=seed, warmup=warmup, series=series
+    ).run()

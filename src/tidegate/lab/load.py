@@ -5,6 +5,10 @@ shows) and reports shed share, p95, throughput, utilisation and Little's law (L 
 lambda x W) per rate. With ``with_theory=True`` and a fleet the formulas describe (no CPU part,
 exponential IO), each point also carries the M/M/c/K (or M/M/c) prediction for one worker fed
 ``rate / workers``, exact for one worker and for a random split of Poisson traffic.
+:func:`load_summary` runs one rate over independent replications after an MSER-5 warm-up, with
+Little's law from both sides, a stationarity check and, with :func:`theory_matching`, the model
+that matches the fleet's dispatch rule (E_k/M/c/K per worker for round-robin, M/M/c/K pooled for
+shortest-queue).
 
 :func:`backpressure` runs one overload against three admission shapes: no waiting room, a
 bounded waiting room, and an unbounded queue whose expired work is dropped at dequeue.
@@ -18,18 +22,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidegate.lab.engine import Fleet, Traffic, simulate
+from tidegate.lab.replicate import (
+    LittleCheck,
+    Stationarity,
+    aggregate,
+    littles_check,
+    mser5_warmup,
+    plain,
+    run_replications,
+    stationarity,
+    steady_metrics,
+)
 from tidegate.lab.report import Report
-from tidegate.lab.theory import mmc, mmck
+from tidegate.lab.theory import ekmck, mmc, mmck
 from tidegate.lab.workload import Distribution, Exponential, Poisson
 from tidegate.policy.admission import AdmissionOptions
 
 __all__ = [
     "BACKPRESSURE_SHAPES",
     "LoadPoint",
+    "LoadSummary",
     "TheoryPoint",
     "backpressure",
+    "load_summary",
     "load_sweep",
     "theory_for",
+    "theory_matching",
 ]
 
 #: The three shapes :func:`backpressure` compares, in order.
@@ -183,3 +201,118 @@ def backpressure(
         )
         for name, options in shapes.items()
     }
+
+
+# --------------------------------------------------------------------------- replicated sweep
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSummary:
+    """One rate of a replicated sweep: every figure a mean with its 95% interval, the warm-up
+    MSER-5 chose, Little's law from both sides and the stationarity check."""
+
+    rate: float
+    warmup: float
+    figures: dict[str, Any]
+    little: LittleCheck
+    steady: Stationarity
+    theory: TheoryPoint | None
+
+    def as_dict(self) -> dict[str, Any]:
+        figures = {key: value for key, value in plain(self.figures).items() if key != "batches"}
+        return {
+            "rate": self.rate,
+            "warmup": self.warmup,
+            **figures,
+            "littles_law": self.little.as_dict(),
+            "stationarity": self.steady.as_dict(),
+            "theory": None if self.theory is None else self.theory.as_dict(),
+        }
+
+
+def theory_matching(rate: float, fleet: Fleet) -> TheoryPoint | None:
+    """The prediction of the model that matches the fleet's dispatch, or ``None``.
+
+    One worker, or round-robin dispatch: each of ``k`` workers sees every ``k``-th Poisson
+    arrival, so Erlang-``k`` gaps at ``rate / k``: E_k/M/c/K per worker. Shortest-queue
+    dispatch: the fleet as one M/M/c/K of ``workers x slots`` servers (exact with no waiting
+    room). Needs no CPU part, exponential IO and one class.
+    """
+    if fleet.cpu is not None or not isinstance(fleet.io, Exponential):
+        return None
+    options = fleet.admission
+    if len(options.classes) != 1:
+        return None
+    workers, slots, mu = fleet.workers, options.slots, 1.0 / fleet.io.mean
+    cap = options.cap_for(options.classes[0])
+    if fleet.dispatch == "shortest_queue" and workers > 1:
+        servers = workers * slots
+        if cap is None:
+            if rate >= servers * mu:
+                return None
+            pooled = mmc(rate, mu, servers)
+            return TheoryPoint(
+                shed_share=0.0,
+                in_system=pooled.mean_in_system,
+                time_in_system=pooled.mean_response,
+                throughput=rate,
+            )
+        finite = mmck(rate, mu, servers, servers + workers * cap)
+        return TheoryPoint(
+            shed_share=finite.p_block,
+            in_system=finite.mean_in_system,
+            time_in_system=finite.mean_response,
+            throughput=finite.throughput,
+        )
+    lam = rate / workers
+    if cap is None and lam >= slots * mu:
+        return None
+    result = ekmck(lam, mu, slots, workers, None if cap is None else slots + cap)
+    return TheoryPoint(
+        shed_share=result.p_block,
+        in_system=workers * result.mean_in_system,
+        time_in_system=result.mean_response,
+        throughput=workers * result.throughput,
+    )
+
+
+def _load_replication(task: tuple[Traffic, Fleet, float, float], seed: int) -> dict[str, Any]:
+    traffic, fleet, horizon, warmup = task
+    report = simulate(traffic, fleet, horizon=horizon, warmup=warmup, seed=seed, series=100)
+    return steady_metrics(report)
+
+
+def load_summary(
+    rate: float,
+    fleet: Fleet,
+    *,
+    horizon: float = 600.0,
+    warmup: float | None = None,
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    deadline: float | None = None,
+    with_theory: bool = False,
+    progress: Callable[[], None] | None = None,
+) -> LoadSummary:
+    """``rate`` against ``fleet`` over independent replications; ``warmup=None`` lets MSER-5
+    choose it on a pilot run."""
+    traffic = Traffic(arrivals=Poisson(rate=rate), deadline=deadline)
+    if warmup is None:
+        warmup = mser5_warmup(traffic, fleet, horizon=horizon, seed=seed)
+    metrics = run_replications(
+        _load_replication,
+        (traffic, fleet, horizon, warmup),
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    return LoadSummary(
+        rate=rate,
+        warmup=warmup,
+        figures=aggregate(metrics),
+        little=littles_check(metrics),
+        steady=stationarity(metrics),
+        theory=theory_matching(rate, fleet) if with_theory else None,
+    )

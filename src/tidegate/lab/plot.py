@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tidegate.lab.capacity import CapacityRow
     from tidegate.lab.gameday import ReleaseResult
-    from tidegate.lab.load import LoadPoint
+    from tidegate.lab.load import LoadPoint, LoadSummary
     from tidegate.lab.report import Report
     from tidegate.lab.scaling import AutoscaleResult
+    from tidegate.lab.stats import Interval
     from tidegate.lab.storm import StormResult
     from tidegate.lab.surge import SurgeResult
 
@@ -26,6 +27,7 @@ __all__ = [
     "plot_capacity",
     "plot_gameday",
     "plot_load",
+    "plot_load_summary",
     "plot_storm",
     "plot_surge",
 ]
@@ -199,3 +201,59 @@ def plot_capacity(rows: Sequence[CapacityRow], path: str | Path) -> Path:
     ax.set(ylabel="requests per second", title="Ceiling: the smaller of the two limits")
     ax.legend()
     return _save(fig, path)
+
+
+def plot_load_summary(points: Sequence[LoadSummary], path: str | Path) -> Path:
+    """The replicated saturation curve: shed share, p95 and throughput against the offered
+    rate with 95% error bars, and L beside lambda_eff x W with theirs."""
+    plt = _pyplot()
+    rates = [p.rate for p in points]
+
+    def bars(axes: Any, key: str, scale: float = 1.0, **style: Any) -> None:
+        means = [scale * _mean(p.figures[key]) for p in points]
+        errors = [scale * _half(p.figures[key]) for p in points]
+        axes.errorbar(rates, means, yerr=errors, capsize=3, **style)
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    bars(axes[0], "shed_share", 100.0, fmt="o-", label="simulated (95% CI)")
+    if any(p.theory is not None for p in points):
+        axes[0].plot(
+            [p.rate for p in points if p.theory],
+            [100 * p.theory.shed_share for p in points if p.theory],
+            "k--",
+            label="theory",
+        )
+    axes[0].legend()
+    axes[0].set(xlabel="offered rate (req/s)", ylabel="shed (%)", title="Shedding")
+    bars(axes[1], "p95", fmt="o-", color="tab:red")
+    axes[1].set(xlabel="offered rate (req/s)", ylabel="p95 latency (s)", title="p95 latency")
+    bars(axes[2], "throughput", fmt="o-", label="throughput")
+    axes[2].plot(rates, rates, ":", color="grey", label="offered")
+    axes[2].errorbar(
+        rates,
+        [p.little.L.mean for p in points],
+        yerr=[_half(p.little.L) for p in points],
+        fmt="s",
+        capsize=3,
+        label="L (in system)",
+    )
+    axes[2].errorbar(
+        rates,
+        [p.little.lambda_w.mean for p in points],
+        yerr=[_half(p.little.lambda_w) for p in points],
+        fmt="x",
+        capsize=3,
+        label="lambda_eff x W",
+    )
+    axes[2].set(xlabel="offered rate (req/s)", title="Throughput and Little's law")
+    axes[2].legend()
+    fig.suptitle(f"Saturation curve ({points[0].little.L.n} replications, 95% CI)")
+    return _save(fig, path)
+
+
+def _mean(value: Interval) -> float:
+    return value.mean
+
+
+def _half(value: Interval) -> float:
+    return 0.0 if math.isnan(value.half_width) else value.half_width

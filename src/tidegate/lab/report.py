@@ -212,6 +212,12 @@ class Report:
     in_system_mean: float
     passage_rate: float
     time_in_system_mean: float
+    #: Little's law from the other side, independent of L: requests that left the system
+    #: (served or not) inside the window per second, and their mean whole time in the system.
+    departure_rate: float = math.nan
+    sojourn_mean: float = math.nan
+    #: The time-average number in the system in equal slices of ``[0, horizon]`` (when asked).
+    in_system_series: tuple[float, ...] = ()
     #: Anything a scenario adds (replica trace, peak calls, ...); kept out of the comparisons.
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -223,6 +229,25 @@ class Report:
     def littles_product(self) -> float:
         """lambda * W, to compare with ``in_system_mean``."""
         return self.passage_rate * self.time_in_system_mean
+
+    @property
+    def littles_difference(self) -> float:
+        """L minus lambda_eff x W, lambda_eff and W from the departures alone: near zero for
+        a stationary system over a window much longer than W; far from it for a growing queue,
+        or a window that still holds the start-up transient."""
+        return self.in_system_mean - self.departure_rate * self.sojourn_mean
+
+    @property
+    def series_step(self) -> float:
+        """The length of one slice of ``in_system_series``."""
+        return self.horizon / len(self.in_system_series) if self.in_system_series else math.nan
+
+    def window_series(self) -> tuple[float, ...]:
+        """The slices of ``in_system_series`` that lie inside the measured window."""
+        if not self.in_system_series:
+            return ()
+        first = math.ceil(round(self.warmup / self.series_step, 9))
+        return self.in_system_series[first:]
 
     def littles_law_holds(self, rel_tol: float = 1e-9) -> bool:
         """Whether L equals lambda * W to floating-point tolerance."""
@@ -286,6 +311,9 @@ class Report:
                 "lambda": self.passage_rate,
                 "W": self.time_in_system_mean,
                 "lambda_W": self.littles_product,
+                "departure_rate": _num(self.departure_rate),
+                "sojourn_mean": _num(self.sojourn_mean),
+                "difference": _num(self.littles_difference),
             },
             "total": self.total.as_dict(),
             "classes": [r.as_dict() for r in self.classes],

@@ -11,8 +11,13 @@ waits in seconds.
 * :func:`mmck_blocking` and :func:`mmck`: M/M/c/K, ``K`` places in all, including those in service.
 * :func:`erlang_a`: M/M/c+M, where a waiting customer abandons after an exponential patience.
 * :func:`pollaczek_khinchine`: M/G/1 from the mean and variability of the service time.
+* :func:`ekmck`: E_k/M/c/K (or E_k/M/c), the queue of one worker behind a round-robin
+  dispatcher: a worker of ``k`` that receives every ``k``-th Poisson arrival sees Erlang-``k``
+  gaps between its arrivals.
+* :func:`gimcc_blocking`: the loss probability of GI/M/c/c from the Laplace transform of the
+  gaps (Takacs), an independent check of :func:`ekmck` with no waiting room.
 
-Everything is pure ``math``. Nothing computes ``a**c / c!``: Erlang B runs its recurrence, and a
+Everything is pure ``math`` but :func:`ekmck`, which solves its chain with numpy (below). Nothing computes ``a**c / c!``: Erlang B runs its recurrence, and a
 birth-death chain is weighted relative to its most likely state, which gets weight 1, so no weight
 can overflow for any ``c``; weights that underflow are below 1e-308 of the mode and cannot move a
 result. Sums use :func:`math.fsum`. Chains longer than :data:`MAX_STATES` are refused.
@@ -25,18 +30,24 @@ arrival rate that an infinite queue cannot keep up with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
+    "EKMCK_MAX_STATES",
     "ERLANG_A_TOLERANCE",
     "MAX_STATES",
+    "EkMcKResult",
     "ErlangAResult",
     "MMcKResult",
     "MMcResult",
     "PKResult",
+    "ekmck",
     "erlang_a",
     "erlang_b",
     "erlang_c",
+    "gimcc_blocking",
     "mmc",
     "mmck",
     "mmck_blocking",
@@ -339,3 +350,133 @@ def pollaczek_khinchine(lam: float, mean_service: float, scv: float) -> PKResult
         mean_response=mean_wait + mean_service,
         mean_queue_length=rho * rho * (1.0 + scv) / (2.0 * (1.0 - rho)),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EkMcKResult:
+    """Steady state of E_k/M/c/K (``K`` places in all, or unbounded).
+
+    ``p_block`` is the share of arrivals that find all places taken, ``p_wait`` the share of
+    admitted arrivals that find every server busy. ``mean_in_system`` is the time-average
+    number present; ``mean_response`` and ``mean_wait`` are per admitted arrival.
+    """
+
+    p_block: float
+    p_wait: float
+    throughput: float
+    mean_in_system: float
+    mean_response: float
+    mean_wait: float
+
+
+#: Past this many states (levels x phases) :func:`ekmck` refuses: seconds of work.
+EKMCK_MAX_STATES = 2_000_000
+
+
+def _gap_sigma(lam: float, mu: float, c: int, phases: int) -> float:
+    """The root in (0, 1) of ``sigma = phi(c mu (1 - sigma))`` for Erlang gaps: the geometric
+    rate at which the queue length's distribution decays in GI/M/c."""
+    rate = phases * lam
+    sigma = 0.0
+    for _ in range(100_000):
+        following = (rate / (rate + c * mu * (1.0 - sigma))) ** phases
+        if abs(following - sigma) < 1e-15:
+            return following
+        sigma = following
+    return sigma
+
+
+def ekmck(lam: float, mu: float, c: int, phases: int, k: int | None = None) -> EkMcKResult:
+    """Steady state of E_k/M/c/K: arrivals at rate ``lam`` whose gaps are Erlang with ``phases``
+    phases (``phases == 1`` is Poisson), ``c`` exponential servers of rate ``mu`` each, and
+    ``k`` places in all (``None``: an unbounded queue, which needs ``lam < c * mu``).
+
+    The chain is (number present, phase of the next arrival); an arrival comes when the last
+    phase ends and is turned away when all ``k`` places are taken. Arrivals therefore see the
+    chain's states in its last phase, which gives the blocking and waiting shares. The chain is
+    a birth-death process in levels, solved exactly by eliminating the levels from the top
+    (linear level reduction, with ``phases x phases`` blocks). An unbounded queue is cut where
+    the geometric tail of GI/M/c (ratio ``sigma``) falls below 1e-14 of the mass.
+    """
+    import numpy as np
+
+    _check_positive("lam", lam)
+    _check_positive("mu", mu)
+    _check_count("c", c, 1)
+    _check_count("phases", phases, 1)
+    if k is None:
+        if lam >= c * mu:
+            raise ValueError(
+                f"lam must be below c * mu = {c * mu!r} for a stable queue, got {lam!r}"
+            )
+        sigma = _gap_sigma(lam, mu, c, phases)
+        top = c + 1 + math.ceil(math.log(1e-14) / math.log(sigma)) if sigma > 0 else c + 1
+    else:
+        _check_count("k", k, c)
+        top = k
+    if (top + 1) * phases > EKMCK_MAX_STATES:
+        raise ValueError(f"the chain would need more than {EKMCK_MAX_STATES} states")
+    rate = phases * lam
+    advance = np.zeros((phases, phases))
+    for j in range(phases - 1):
+        advance[j, j + 1] = rate
+    up = np.zeros((phases, phases))
+    up[phases - 1, 0] = rate
+    identity = np.eye(phases)
+
+    def local(n: int) -> Any:
+        block = advance.copy()
+        if n == top:  # a full system turns the arrival away: the phase restarts
+            block[phases - 1, 0] += rate
+        out = rate + min(n, c) * mu
+        return block - out * identity
+
+    # pi_{n+1} = pi_n R_n, from the top level down.
+    ratios: list[Any] = [None] * top
+    below = local(top)
+    for n in range(top - 1, -1, -1):
+        ratios[n] = up @ np.linalg.inv(-below)
+        below = local(n) + ratios[n] * (min(n + 1, c) * mu)  # R_n times the level's departures
+    # pi_0 below = 0: the left null vector of `below`.
+    system = below.T.copy()
+    system[-1, :] = 1.0
+    rhs = np.zeros(phases)
+    rhs[-1] = 1.0
+    levels = [np.linalg.solve(system, rhs)]
+    for n in range(top):
+        levels.append(levels[-1] @ ratios[n])
+    mass = np.array([level.sum() for level in levels])
+    seen = np.array([level[phases - 1] for level in levels])
+    total, seen_total = float(mass.sum()), float(seen.sum())
+    probability = mass / total
+    arriving = seen / seen_total
+    p_block = float(arriving[top]) if k is not None else 0.0
+    admitted = 1.0 - p_block
+    throughput = lam * admitted
+    present = np.arange(top + 1, dtype=float)
+    mean_in_system = float((present * probability).sum())
+    queued = float((np.maximum(present - c, 0.0) * probability).sum())
+    waiting_seen = float(arriving[c:top].sum()) if k is not None else float(arriving[c:].sum())
+    return EkMcKResult(
+        p_block=p_block,
+        p_wait=waiting_seen / admitted if admitted > 0 else math.nan,
+        throughput=throughput,
+        mean_in_system=mean_in_system,
+        mean_response=mean_in_system / throughput,
+        mean_wait=queued / throughput,
+    )
+
+
+def gimcc_blocking(transform: Callable[[float], float], mu: float, c: int) -> float:
+    """The loss probability of GI/M/c/c, where ``transform(s)`` is the Laplace-Stieltjes
+    transform of the gap between arrivals: ``1 / sum_j C(c, j) / prod_{i<=j} (phi_i / (1 -
+    phi_i))`` with ``phi_i = transform(i mu)`` (Takacs). With Poisson gaps it is Erlang B."""
+    _check_positive("mu", mu)
+    _check_count("c", c, 1)
+    terms = [1.0]
+    product = 1.0
+    for j in range(1, c + 1):
+        phi = transform(j * mu)
+        product *= phi / (1.0 - phi)
+        terms.append(math.comb(c, j) / product)
+    return 1.0 / math.fsum(terms)
