@@ -31,8 +31,10 @@ from tidegate.gateway.pipeline.flags import kill_switch
 from tidegate.gateway.pipeline.identify import identify, identify_chat
 from tidegate.gateway.pipeline.limits import rate_limit
 from tidegate.gateway.pipeline.route import plan
+from tidegate.gateway.pipeline.settle import settle_shielded
 from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime
 from tidegate.policy.flags import ANSWER_MODE
+from tidegate.state.base import DONE
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
 
@@ -237,6 +239,53 @@ async def test_the_rate_limit_step_draws_from_leases_without_a_coroutine(tmp_pat
             identify_chat(request)
             assert rate_limit(request) is False  # answered now: no coroutine to await
         assert takes == []
+    finally:
+        await close_runtime(rt)
+
+
+@pytest.mark.asyncio
+async def test_the_budget_and_settle_steps_use_leases_without_a_coroutine(tmp_path: Path) -> None:
+    """Once a subject's demand has leased budget, the budget step answers at once (False, not
+    an awaitable) and the settlement is done when asked (the ready DONE), with no store call;
+    the store still records every call served once the leases retire."""
+    config = {
+        "providers": {"p": {**fake(), "data_classes": ["internal"]}},
+        "models": {"chat": {"providers": ["p"]}},
+        "budgets": {"calls": 100_000},
+        "state": {"url": f"sqlite:///{tmp_path / 'state.db'}"},
+    }
+    path = write_config(tmp_path, config)
+    rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
+    try:
+        quotas = rt.stores.quotas.store  # type: ignore[attr-defined]  # the leased store's
+        calls: list[str] = []
+        for name in ("reserve", "settle"):
+            original = getattr(quotas, name)
+
+            async def counted(*args: Any, _name: str = name, _call: Any = original) -> Any:
+                calls.append(_name)
+                return await _call(*args)
+
+            setattr(quotas, name, counted)
+        fast = 0
+        for _ in range(64):  # demand within one window: leases form
+            request = request_for(rt)
+            identify_chat(request)
+            done = reserve_chat(request)
+            if done is False:
+                fast += 1
+            else:
+                assert await done is False
+            request.served = True
+            settled = settle_shielded(request)
+            if fast:
+                assert settled is DONE
+            await settled
+        assert fast > 32  # most requests drew from a lease
+        assert calls.count("reserve") < 64 - fast + 1
+        await rt.stores.quotas.flush()  # type: ignore[attr-defined]
+        usage = await quotas.usage(request.identity.budget_subject)
+        assert (usage.calls, usage.reserved_calls) == (64, 0)
     finally:
         await close_runtime(rt)
 

@@ -810,3 +810,55 @@ async def test_take_now_answers_from_a_live_lease_only_and_never_refuses() -> No
     assert (await leased.take("k", options)).allowed  # the store is asked instead
     clock.advance(LEASE_HOLD_S * 2)
     assert leased.take_now("k", options) is None  # the hold time is up
+
+
+@pytest.mark.asyncio
+async def test_reserve_now_and_settle_now_answer_from_the_current_lease_only() -> None:
+    """``reserve_now`` draws from a subject's current lease (no store call) or answers None;
+    ``settle_now`` settles a draw of the current lease there and answers True, and False with
+    nothing done for a reservation the store made or a lease already retired. Together they
+    count exactly what reserve and settle count."""
+    clock = ManualClock()
+    options = BudgetOptions(quota=Quota(calls=100_000, tokens=10_000_000))
+    quotas = CountingQuotas(MemoryQuotaStore(clock))
+    leased = LeasedQuotas(quotas, clock)
+    assert leased.reserve_now("s", options, Cost(tokens=10)) is None  # an unknown subject
+    alone, _ = await leased.reserve("s", options, Cost(tokens=10))  # asks the store
+    assert alone is not None
+    assert not leased.settle_now(alone, Cost(tokens=10))  # the store's own reservation
+    assert await leased.settle(alone, Cost(tokens=10))
+
+    async def one() -> None:  # as the pipeline reserves and settles
+        held = leased.reserve_now("s", options, Cost(tokens=10))
+        if held is None:
+            held, _ = await leased.reserve("s", options, Cost(tokens=10))
+        assert held is not None
+        assert leased.settle_now(held, Cost(tokens=10)) or await leased.settle(
+            held, Cost(tokens=10)
+        )
+
+    for _ in range(64):  # demand grows: leases form, each larger
+        await one()
+    reserves = len(quotas.reserved)
+    while len(quotas.reserved) == reserves:  # until the store is asked for a new lease
+        await one()
+    reserves = len(quotas.reserved)
+    before = await leased.usage("s")
+    calls_before, tokens_before = before.calls, before.tokens
+    drawn = [leased.reserve_now("s", options, Cost(tokens=10)) for _ in range(4)]
+    assert all(reservation is not None for reservation in drawn)
+    assert len(quotas.reserved) == reserves  # no store call
+    assert leased.reserve_now("s", BudgetOptions(quota=Quota(calls=5)), Cost()) is None
+    for reservation in drawn[:3]:
+        assert reservation is not None
+        assert leased.settle_now(reservation, Cost(tokens=12))
+    assert not leased.settle_now(drawn[0], Cost(tokens=12))  # settled already: nothing done
+    clock.advance(LEASE_HOLD_S * 2)
+    await leased.expire()  # the lease retires with one request still open
+    assert drawn[3] is not None
+    assert not leased.settle_now(drawn[3], Cost(tokens=10))
+    assert await leased.settle(drawn[3], Cost(tokens=10))
+    await leased.flush()
+    spent = await leased.store.usage("s")
+    assert spent.reserved_calls == 0
+    assert (spent.calls, spent.tokens) == (calls_before + 4, tokens_before + 3 * 12 + 10)

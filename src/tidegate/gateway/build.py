@@ -248,9 +248,10 @@ def with_leases(stores: Stores, config: Config, clock: Clock) -> None:
         stores.buckets, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
     )
     stores.take_now = buckets.take_now
-    stores.quotas = LeasedQuotas(
+    stores.quotas = quotas = LeasedQuotas(
         stores.quotas, clock, max_chunk=max_chunk, hold_s=hold_s, wait_s=wait_s
     )
+    stores.reserve_now, stores.settle_now = quotas.reserve_now, quotas.settle_now
 
 
 def fleet_retry_budget_from(stores: Stores, config: Config) -> RedisRetryBudgetCounter | None:

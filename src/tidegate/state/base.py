@@ -10,14 +10,16 @@ Every backend wraps its driver's exceptions into :class:`~tidegate.errors.StoreE
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, cast
 
 from tidegate.policy.budget import BudgetDecision, BudgetOptions, Cost, Reservation, Usage
 from tidegate.policy.ratelimit import BucketOptions, TakeResult
 
 __all__ = [
+    "DONE",
     "AuditRecord",
     "BucketStore",
     "CacheEntry",
@@ -29,6 +31,21 @@ __all__ = [
     "QuotaStore",
     "StoredResponse",
 ]
+
+
+class _Done(tuple[()]):
+    """An awaitable that is already done: nothing to wait for.
+
+    Awaiting it iterates an empty tuple, which ends at once with ``None``, without a Python frame.
+    """
+
+    __slots__ = ()
+    __await__ = tuple.__iter__
+
+
+#: What ``committed()`` answers when nothing is left to wait for (compare with ``is``): the
+#: request path then goes on without awaiting anything.
+DONE: Final = cast("Awaitable[None]", _Done())
 
 
 @dataclass(frozen=True, slots=True)

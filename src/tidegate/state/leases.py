@@ -552,6 +552,23 @@ class LeasedQuotas(_Leased[QuotaStore, _Reserve, _Decided]):
         #: subject.
         self._retired: dict[str, list[_BudgetLease]] = {}
 
+    def reserve_now(
+        self, subject: str, options: BudgetOptions, estimate: Cost
+    ) -> Reservation | None:
+        """The reservation (allowed), if the subject's lease holds the estimate now and the
+        subject is known within its demand window (the usual case), else None: then
+        :meth:`reserve`, which may ask the store. Never refuses or degrades: those are the
+        store's."""
+        now = self._now()
+        demand = self._demand.get(subject)
+        if demand is None or now >= demand.window_end:
+            return None
+        drawn = self._draw(subject, (estimate, options), now)
+        if drawn is None:
+            return None
+        demand.count += 1  # what _seen would count
+        return drawn[0]
+
     async def reserve(
         self, subject: str, options: BudgetOptions, estimate: Cost
     ) -> tuple[Reservation | None, BudgetDecision]:
@@ -638,6 +655,18 @@ class LeasedQuotas(_Leased[QuotaStore, _Reserve, _Decided]):
             # Near a limit: every request asks the store until the next window.
             demand.try_after = now + self._hold_s
         return await self.store.reserve(subject, options, estimate)
+
+    def settle_now(self, reservation: Reservation, actual: Cost) -> bool:
+        """Settle a reservation drawn from the subject's current lease, here (the usual case:
+        no store call), and say so; False, with nothing done, when only :meth:`settle` can."""
+        drawn = self._drawn.get(reservation.id)
+        if drawn is None or drawn[0].retired:
+            return False
+        # Not retired, so the current lease: a use above the estimate is counted in the very
+        # lease that decides the next draws (settle's rule for other leases does not apply).
+        del self._drawn[reservation.id]
+        drawn[0].give_back(drawn[1], actual)
+        return True
 
     async def settle(self, reservation: Reservation, actual: Cost) -> bool:
         estimate = reservation.amount

@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -54,6 +54,7 @@ from tidegate.policy.ratelimit import (
     take,
 )
 from tidegate.state.base import (
+    DONE,
     AuditRecord,
     CacheEntry,
     Claim,
@@ -151,20 +152,6 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE reservations_2 RENAME TO reservations;
     """,
 )
-
-
-class _Done(tuple[()]):
-    """An awaitable that is already done: nothing to wait for.
-
-    Awaiting it iterates an empty tuple, which ends at once with ``None``, without a Python frame
-    (every request awaits :meth:`SQLiteDatabase.committed` twice).
-    """
-
-    __slots__ = ()
-    __await__ = tuple.__iter__
-
-
-_DONE: Final = cast("Awaitable[None]", _Done())
 
 
 class _Batch:
@@ -355,11 +342,11 @@ class SQLiteDatabase:
         """Await it until the batches run so far are committed; ``StoreError`` if that failed."""
         thread = self._group_thread
         if thread is None or thread != get_ident():
-            return _DONE  # nothing open here: every batch so far committed on its way out
+            return DONE  # nothing open here: every batch so far committed on its way out
         loop = _running_loop()
         if loop is None or loop is not self._group_loop:
             self._commit_group()  # opened under a loop that is gone: commit it now
-            return _DONE
+            return DONE
         # A future per waiter: a waiter cancelled while it waits cancels only its own.
         waiter: asyncio.Future[None] = loop.create_future()
         self._group_waiters.append(waiter)

@@ -28,13 +28,21 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tidegate.clock import Clock
 from tidegate.errors import ConfigError
+from tidegate.policy.budget import BudgetOptions, Cost, Reservation
 from tidegate.policy.ratelimit import BucketOptions, TakeResult
 from tidegate.state.actions import (
     MemoryPendingActionStore,
     PendingActionStore,
     SQLitePendingActionStore,
 )
-from tidegate.state.base import BucketStore, CacheStore, FlagStore, IdempotencyStore, QuotaStore
+from tidegate.state.base import (
+    DONE,
+    BucketStore,
+    CacheStore,
+    FlagStore,
+    IdempotencyStore,
+    QuotaStore,
+)
 from tidegate.state.memory import (
     MemoryBucketStore,
     MemoryCacheStore,
@@ -71,12 +79,20 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-async def _nothing() -> None:
-    return None
+def _nothing() -> Awaitable[None]:
+    return DONE
 
 
 def _no_take(key: str, options: BucketOptions) -> TakeResult | None:
     return None
+
+
+def _no_reservation(subject: str, options: BudgetOptions, estimate: Cost) -> Reservation | None:
+    return None
+
+
+def _not_settled(reservation: Reservation, actual: Cost) -> bool:
+    return False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -238,6 +254,16 @@ class Stores:
     #: only ``await stores.buckets.take(...)`` answers. Without leases it is always None.
     take_now: Callable[[str, BucketOptions], TakeResult | None] = field(
         init=False, repr=False, default=_no_take
+    )
+    #: ``stores.reserve_now(subject, options, estimate)`` and ``stores.settle_now(reservation,
+    #: actual)`` are the same for budgets (:meth:`~tidegate.state.leases.LeasedQuotas.reserve_now`,
+    #: ``settle_now``): the reservation or True when a lease answers at once, else None or False
+    #: and only ``await stores.quotas...`` answers.
+    reserve_now: Callable[[str, BudgetOptions, Cost], Reservation | None] = field(
+        init=False, repr=False, default=_no_reservation
+    )
+    settle_now: Callable[[Reservation, Cost], bool] = field(
+        init=False, repr=False, default=_not_settled
     )
 
     def __post_init__(self) -> None:

@@ -11,18 +11,23 @@ by awaiting the store's commit (SQLite commits a round's batches together).
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable
 
 from tidegate.errors import BudgetExceeded, StoreError
 from tidegate.gateway.pipeline.request import Request
 from tidegate.gateway.pipeline.spend import price
+from tidegate.gateway.pipeline.steps import Outcome
 from tidegate.policy.budget import BudgetDecision, BudgetVerdict, Cost
+from tidegate.state.base import DONE
 
 __all__ = ["reserve_chat", "reserve_embeddings"]
 
 
-async def reserve_chat(request: Request) -> bool:
+def reserve_chat(request: Request) -> Outcome:
     """Reserve a chat completion: its prompt (as the primary's counter counts it) and ``n``
-    times ``max_tokens`` of completion."""
+    times ``max_tokens`` of completion; from this process's lease when it holds the estimate
+    (the usual case: no store call and, once nothing decided so far awaits its commit, no
+    coroutine), else from the store."""
     rt, body = request.rt, request.body
     budgets = rt.config.budgets
     if budgets is not None:
@@ -31,11 +36,21 @@ async def reserve_chat(request: Request) -> bool:
         count, input_per_1k, output_per_1k = rt.reserve_meters[request.route.specs[0].name]
         prompt = count(body)
         cost = (prompt * input_per_1k + completion * output_per_1k) / 1000.0  # as price() does
-        decision = await _reserve(request, Cost(calls=1, tokens=prompt + completion, cost=cost))
-        if decision.verdict is BudgetVerdict.DEGRADE:
-            _degrade(request, max_tokens)
-    await _committed(request)
-    return False
+        estimate = Cost(calls=1, tokens=prompt + completion, cost=cost)
+        assert rt.budget is not None  # made from config.budgets
+        drawn = rt.stores.reserve_now(request.identity.budget_subject, rt.budget, estimate)
+        if drawn is None:
+            return _reserve_chat(request, estimate, max_tokens)
+        request.reservation = drawn
+    commit = rt.stores.committed()
+    return False if commit is DONE else _committed(request, commit)
+
+
+async def _reserve_chat(request: Request, estimate: Cost, max_tokens: int) -> bool:
+    decision = await _reserve(request, estimate)
+    if decision.verdict is BudgetVerdict.DEGRADE:
+        _degrade(request, max_tokens)
+    return await _committed(request, request.rt.stores.committed())
 
 
 async def reserve_embeddings(request: Request) -> bool:
@@ -46,8 +61,7 @@ async def reserve_embeddings(request: Request) -> bool:
         tokens = rt.input_counters[primary](request.body["input"])
         model = rt.model_ids[primary]
         await _reserve(request, Cost(calls=1, tokens=tokens, cost=price(rt, model, tokens, 0)))
-    await _committed(request)
-    return False
+    return await _committed(request, rt.stores.committed())
 
 
 async def _reserve(request: Request, estimate: Cost) -> BudgetDecision:
@@ -87,13 +101,15 @@ def _degrade(request: Request, max_tokens: int) -> None:
         request.route = rt.routes[request.alias]
 
 
-async def _committed(request: Request) -> None:
-    """Wait until the entry decisions are durable; a failed commit undid them all, so the
-    request holds no reservation and fails closed as a failed reservation would."""
+async def _committed(request: Request, commit: Awaitable[None]) -> bool:
+    """Wait until the entry decisions are durable (``commit``: the store's ``committed()``); a
+    failed commit undid them all, so the request holds no reservation and fails closed as a
+    failed reservation would."""
     rt = request.rt
     try:
-        await rt.stores.committed()
+        await commit
     except StoreError:
         request.reservation = None
         rt.metrics.store_errors.labels("quotas" if rt.budget else "buckets", "fail_closed").inc()
         raise
+    return False

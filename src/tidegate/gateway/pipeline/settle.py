@@ -12,6 +12,7 @@ import structlog
 from tidegate.errors import StoreError
 from tidegate.gateway.pipeline.request import Request
 from tidegate.policy.budget import Cost
+from tidegate.state.base import DONE
 
 __all__ = ["record_canary", "settle", "settle_shielded"]
 
@@ -27,10 +28,33 @@ def settle_shielded(request: Request) -> Awaitable[None]:
     """
     ex = request.ex
     ex.settling = True
+    if _settled_now(request):
+        return DONE
     task = ex.task or asyncio.current_task()
     if task is not None and task.cancelling():
         return asyncio.shield(settle(request))
     return settle(request)
+
+
+def _settled_now(request: Request) -> bool:
+    """The usual settlement, done here and now: no idempotency claim to close, and a served
+    request's reservation (if any) drawn from a lease that settles it without a store call.
+    False, with nothing done, otherwise."""
+    if request.idempotency is not None:
+        return False
+    rt, reservation = request.rt, request.reservation
+    if reservation is not None:
+        if not request.served:
+            return False
+        ex = request.ex
+        actual = Cost(calls=1, tokens=ex.usage.get("total_tokens", 0), cost=ex.cost)
+        if not rt.stores.settle_now(reservation, actual):
+            return False
+        request.reservation = None
+    if request.ticket is not None:
+        rt.admission.exit(request.ticket, completed=request.served)
+        request.ticket = None
+    return True
 
 
 async def settle(request: Request) -> None:
