@@ -15,13 +15,29 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Final
+from typing import Final, cast
 
-__all__ = ["SharedTimeouts", "timeout_after", "timeout_at"]
+__all__ = ["DONE", "SharedTimeouts", "timeout_after", "timeout_at"]
 
 #: Done entries kept in the heap before it is rebuilt without them (besides one per live entry).
 _SLACK: Final = 1024
+
+
+class _Done(tuple[()]):
+    """An awaitable that is already done: nothing to wait for.
+
+    Awaiting it iterates an empty tuple, which ends at once with ``None``, without a Python frame.
+    """
+
+    __slots__ = ()
+    __await__ = tuple.__iter__
+
+
+#: An awaitable already done, for a function that usually has nothing to wait for (compare with
+#: ``is`` to skip awaiting it): the request path then goes on without a coroutine.
+DONE: Final = cast("Awaitable[None]", _Done())
 
 
 class _Timeout:
@@ -41,18 +57,22 @@ class _Timeout:
         self.done = False
         self.expired = False
 
-    async def __aenter__(self) -> None:
+    # Entering and leaving wait for nothing, so both are plain methods that return the ready
+    # DONE instead of coroutines: no coroutine object per use (two of them around every
+    # upstream call, and around every wait for a stream's next chunk).
+    def __aenter__(self) -> Awaitable[None]:
         if self.when is not None:
             self.owner.add(self)
+        return DONE
 
-    async def __aexit__(
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> None:
+    ) -> Awaitable[None]:
         if self.when is None:  # no limit
-            return
+            return DONE
         self.owner.done(self)
         if (
             self.expired
@@ -61,6 +81,7 @@ class _Timeout:
             and exc_type is asyncio.CancelledError
         ):
             raise TimeoutError from exc
+        return DONE
 
 
 class SharedTimeouts:

@@ -10,13 +10,15 @@ Every backend wraps its driver's exceptions into :class:`~tidegate.errors.StoreE
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Protocol, cast
+from typing import Any, Protocol
 
 from tidegate.policy.budget import BudgetDecision, BudgetOptions, Cost, Reservation, Usage
 from tidegate.policy.ratelimit import BucketOptions, TakeResult
+
+# DONE, re-exported: what ``committed()`` answers when nothing is left to wait for.
+from tidegate.timers import DONE
 
 __all__ = [
     "DONE",
@@ -31,21 +33,6 @@ __all__ = [
     "QuotaStore",
     "StoredResponse",
 ]
-
-
-class _Done(tuple[()]):
-    """An awaitable that is already done: nothing to wait for.
-
-    Awaiting it iterates an empty tuple, which ends at once with ``None``, without a Python frame.
-    """
-
-    __slots__ = ()
-    __await__ = tuple.__iter__
-
-
-#: What ``committed()`` answers when nothing is left to wait for (compare with ``is``): the
-#: request path then goes on without awaiting anything.
-DONE: Final = cast("Awaitable[None]", _Done())
 
 
 @dataclass(frozen=True, slots=True)
