@@ -55,11 +55,14 @@ def test_capacity_prints_the_binding_limit(tmp_path: Path) -> None:
     assert "slots" in output
     assert "cores" in output
     assert (tmp_path / "c.png").exists()
-    data = run_json("capacity", "--shape", "2x4", "--cpu", "0", "--io", "1", "--check")
+    data = run_json(
+        "capacity", "--shape", "2x4", "--cpu", "0", "--io", "1", "--check", "--replications", "3"
+    )
     assert isinstance(data, dict)
     (shape,) = data["shapes"]
     assert shape["ceiling"] == 8.0
-    assert shape["simulated"] == pytest.approx(8.0, rel=0.1)
+    assert shape["simulated"]["n"] == 3
+    assert shape["simulated"]["mean"] == pytest.approx(8.0, rel=0.1)
 
 
 def test_load_sweeps_rates_with_theory() -> None:
@@ -98,22 +101,29 @@ def test_load_warns_when_arrivals_exceed_capacity() -> None:
 
 def test_backpressure_compares_three_shapes(tmp_path: Path) -> None:
     """backpressure prints the three admission shapes and writes its plot."""
-    output = run("backpressure", "--horizon", "30", "--plot", str(tmp_path / "b.png"))
+    args = ("backpressure", "--horizon", "30", "--replications", "3")
+    output = run(*args, "--plot", str(tmp_path / "b.png"))
     for shape in ("no waiting room", "bounded waiting room", "unbounded, deadline"):
         assert shape in output
-    data = run_json("backpressure", "--horizon", "30")
+    assert "±" in output
+    data = run_json(*args)
     assert isinstance(data, dict)
-    assert data["unbounded, deadline"]["total"]["shed_total"] == 0
+    assert data["replications"] == 3
+    unbounded = data["shapes"]["unbounded, deadline"]
+    assert unbounded["shed"]["mean"] == 0
+    assert unbounded["on_time"]["n"] == 3
 
 
 def test_storm_reports_each_strategy() -> None:
     """storm prints calls, peak, served and gave up for each retry strategy."""
-    output = run("storm", "--duration", "40")
+    output = run("storm", "--duration", "40", "--replications", "3")
     assert "retry at once" in output
     assert "backoff + full jitter" in output
-    data = run_json("storm", "--duration", "40")
-    assert isinstance(data, list)
-    assert [d["strategy"] for d in data] == ["naive", "backoff", "budget", "breaker"]
+    data = run_json("storm", "--duration", "40", "--replications", "3")
+    assert isinstance(data, dict)
+    strategies = data["strategies"]
+    assert [d["strategy"] for d in strategies] == ["naive", "backoff", "budget", "breaker"]
+    assert all(d["calls"]["n"] == 3 for d in strategies)
 
 
 def test_surge_sweeps_multipliers_and_shares(tmp_path: Path) -> None:
@@ -128,21 +138,36 @@ def test_surge_sweeps_multipliers_and_shares(tmp_path: Path) -> None:
         "2",
         "--duration",
         "30",
+        "--deadline",
+        "5",
+        "--replications",
+        "2",
         "--plot",
         str(tmp_path / "s.png"),
     )
     assert output.count("priority_at_admission") == 2
     assert (tmp_path / "s.png").exists()
-    data = run_json("surge", "--slots", "2", "--duration", "20", "--rung", "unbounded_fifo")
+    data = run_json(
+        "surge",
+        "--slots",
+        "2",
+        "--duration",
+        "20",
+        "--rung",
+        "unbounded_fifo",
+        "--replications",
+        "2",
+    )
     assert isinstance(data, dict)
     (point,) = data["points"]
     assert [r["rung"] for r in point["rungs"]] == ["unbounded_fifo"]
+    assert point["rungs"][0]["goodput"]["n"] == 2
 
 
 def test_gameday_prints_outcomes_and_gated_steps(tmp_path: Path) -> None:
     """gameday prints each strategy with the gate off and on, then the gated steps."""
-    output = run("gameday")
-    assert "canary, gate on: step by step" in output
+    output = run("gameday", "--replications", "2")
+    assert "canary, gate on, first replication: step by step" in output
     assert "rollback" in output
     scenario = tmp_path / "release.json"
     scenario.write_text(
@@ -154,22 +179,35 @@ def test_gameday_prints_outcomes_and_gated_steps(tmp_path: Path) -> None:
             }
         )
     )
-    data = run_json("gameday", "--scenario", str(scenario))
-    assert isinstance(data, list)
+    data = run_json("gameday", "--scenario", str(scenario), "--replications", "2")
+    assert isinstance(data, dict)
+    releases = data["releases"]
     # A candidate as good as the baseline is never rolled back; rolling needs more windows.
-    assert {d["outcome"] for d in data if d["gated"]} == {"completed", "held"}
-    assert all(d["rolled_back_at"] is None for d in data if d["gated"])
+    assert {d["outcome"] for d in releases if d["gated"]} == {"completed", "held"}
+    assert all(d["rolled_back_at"] is None for d in releases if d["gated"])
 
 
 def test_autoscale_compares_the_laws() -> None:
     """autoscale prints both laws with direction changes and cold starts."""
-    args = ("--surge-start", "30", "--surge-end", "150", "--duration", "240", "--lead-time", "30")
+    args = (
+        "--surge-start",
+        "30",
+        "--surge-end",
+        "150",
+        "--duration",
+        "240",
+        "--lead-time",
+        "30",
+        "--replications",
+        "3",
+    )
     output = run("autoscale", *args)
     assert "proportional" in output
     assert "damped" in output
     data = run_json("autoscale", *args)
-    assert isinstance(data, list)
-    assert {d["law"] for d in data} == {"proportional", "damped"}
+    assert isinstance(data, dict)
+    assert [d["law"] for d in data["laws"]] == ["proportional", "damped"]
+    assert all(d["cold_starts"]["n"] == 3 for d in data["laws"])
 
 
 def test_plan_sizes_the_fleet_and_the_bill() -> None:
@@ -202,6 +240,40 @@ def test_plan_sizes_the_fleet_and_the_bill() -> None:
 def test_plan_gives_the_same_bytes_on_one_or_two_pool_workers() -> None:
     args = ("plan", "--peak", "8", "--slots", "4", "--horizon", "60", "--replications", "4")
     assert run_json(*args, "--jobs", "1") == run_json(*args, "--jobs", "2")
+
+
+SMALL_RUNS = {
+    "backpressure": ("--horizon", "20"),
+    "storm": ("--duration", "20", "--outage-start", "5", "--outage-length", "5"),
+    "surge": ("--slots", "2", "--duration", "20", "--deadline", "5", "--multiplier", "3"),
+    "gameday": (),
+    "autoscale": ("--surge-start", "20", "--surge-end", "60", "--duration", "90",
+                  "--lead-time", "20"),
+    "capacity": ("--shape", "1x4", "--check", "--cpu", "0", "--io", "1"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(SMALL_RUNS))
+def test_replications_give_the_same_bytes_on_one_or_two_pool_workers(command: str) -> None:
+    """Every replicated command prints the same bytes, as JSON and as a table, with one pool
+    worker or two, and its JSON figures are intervals over the replications."""
+    args = (command, *SMALL_RUNS[command], "--replications", "3", "--seed", "7")
+    one = run(*args, "--jobs", "1", "--json")
+    assert one == run(*args, "--jobs", "2", "--json")
+    assert '"half_width"' in one
+    assert '"n": 3' in one
+    assert run(*args, "--jobs", "1") == run(*args, "--jobs", "2")
+    assert one != run(*args[:-1], "8", "--jobs", "1", "--json")
+
+
+@pytest.mark.parametrize("command", sorted(SMALL_RUNS))
+@pytest.mark.parametrize("option", ["--replications", "--jobs"])
+def test_a_bad_pool_option_is_refused_by_name(command: str, option: str) -> None:
+    """``--replications 0`` and ``--jobs 0`` exit with status 2 naming the option, as load and
+    plan do."""
+    result = runner.invoke(lab_app, [command, option, "0"])
+    assert result.exit_code == 2
+    assert option in result.output
 
 
 def test_replay_compares_recorded_and_replayed_outcomes(tmp_path: Path) -> None:
@@ -237,6 +309,9 @@ def test_replay_compares_recorded_and_replayed_outcomes(tmp_path: Path) -> None:
         ("load", "--replications", "0"),
         ("load", "--jobs", "0"),
         ("replay", "--log", "/nonexistent/log.jsonl"),
+        ("backpressure", "--rate", "0"),
+        ("surge", "--deadline", "-1"),
+        ("surge", "--queue-cap", "-1"),
     ],
 )
 def test_bad_input_exits_with_a_message(args: tuple[str, ...]) -> None:
@@ -248,7 +323,7 @@ def test_bad_input_exits_with_a_message(args: tuple[str, ...]) -> None:
 
 def test_the_same_command_prints_the_same_output() -> None:
     """A seeded command is repeatable, and another seed changes the numbers."""
-    args = ("surge", "--slots", "2", "--duration", "30", "--json")
+    args = ("surge", "--slots", "2", "--duration", "30", "--replications", "2", "--json")
     assert run(*args, "--seed", "4") == run(*args, "--seed", "4")
     assert run(*args, "--seed", "4") != run(*args, "--seed", "5")
 

@@ -22,11 +22,22 @@ from tidegate.lab.surge import (
     run_surge,
     sweep,
 )
+from tidegate.lab.workload import Exponential
 from tidegate.policy.admission import AdmissionController, AdmissionOptions
 from tidegate.testing import compiled
 
 SEEDS = range(10)
-BASE = SurgeOptions(slots=2, deadline=5.0, duration=600.0)
+#: The old, smaller model: exponential service, a 5 % critical share, and the dequeue check told
+#: each deadline one mean service time early (the runbook's own model is in
+#: test_surge_findings.py).
+BASE = SurgeOptions(
+    slots=2,
+    service=Exponential(mean=1.0),
+    critical_share=0.05,
+    deadline=5.0,
+    duration=600.0,
+    dequeue_margin=None,
+)
 
 
 def by_rung(results: list[SurgeResult]) -> dict[str, SurgeResult]:
@@ -64,7 +75,8 @@ def test_every_rung_is_an_admission_options_combination() -> None:
     assert tuple(rungs) == RUNGS
     assert all(type(options) is AdmissionOptions for options in rungs.values())
     assert rungs["unbounded_fifo"].queue_cap is None
-    assert rungs["bounded_queue"].queue_cap == round(BASE.capacity * BASE.deadline)
+    assert rungs["bounded_queue"].queue_cap is None  # its cap is on the whole queue, the fleet's
+    assert BASE.bounded_cap == round(BASE.capacity * BASE.deadline)
     assert rungs["deadline_admission"].mode == "deadline"
     assert rungs["deadline_at_dequeue"].drop_expired_at_dequeue is True
     assert rungs["priority_at_dequeue"].priority_at_admission is False

@@ -28,6 +28,7 @@ from tidegate.lab.replicate import (
     Stationarity,
     littles_check,
     mser5_warmup,
+    replicate,
     run_replications,
     stationarity,
     steady_metrics,
@@ -46,6 +47,7 @@ __all__ = [
     "Sized",
     "Sizing",
     "capacity_table",
+    "check_shapes",
     "monthly_cost",
     "plan_workers",
     "simulate_peak",
@@ -151,6 +153,42 @@ def capacity_table(
             )
         )
     return rows
+
+
+def _check_replication(
+    task: tuple[tuple[tuple[int, int], ...], float, float, int, float], seed: int
+) -> list[float]:
+    shapes, cpu, io, cores, horizon = task
+    rows = capacity_table(
+        shapes, cpu=cpu, io=io, cores=cores, check=True, seed=seed, horizon=horizon
+    )
+    return [math.nan if r.simulated is None else r.simulated for r in rows]
+
+
+def check_shapes(
+    shapes: Sequence[tuple[int, int]],
+    *,
+    cpu: float,
+    io: float,
+    cores: int = 1,
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    horizon: float = 300.0,
+    progress: Callable[[], None] | None = None,
+) -> list[Interval]:
+    """Each shape's completions per second, simulated saturated as :func:`capacity_table`'s
+    check does, over independent replications: a mean with its 95% interval per shape."""
+    summary, _ = replicate(
+        _check_replication,
+        (tuple(shapes), cpu, io, cores, horizon),
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    result: list[Interval] = summary
+    return result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,8 @@ from tidegate.lab import scaling as scaling_module
 from tidegate.lab import storm as storm_module
 from tidegate.lab import surge as surge_module
 from tidegate.lab.engine import DISPATCH_RULES, Fleet
+from tidegate.lab.replicate import plain, replication_seed
+from tidegate.lab.stats import Interval
 from tidegate.lab.workload import Deterministic, Exponential, load_trace, parse_distribution
 from tidegate.policy.admission import AdmissionOptions
 
@@ -47,6 +49,63 @@ PlotOption = Annotated[
     Path | None, typer.Option("--plot", help="Write a PNG plot to this file.", dir_okay=False)
 ]
 SeedOption = Annotated[int, typer.Option(help="Seed: the same seed prints the same output.")]
+
+ReplicationsOption = Annotated[
+    int, typer.Option(min=1, help="Independent replications; figures are their mean and 95% CI.")
+]
+JobsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Processes running replications (default: every core).", show_default=False
+    ),
+]
+DispatchOption = Annotated[
+    str,
+    typer.Option(help="How requests reach workers: round_robin or shortest_queue."),
+]
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise typer.BadParameter(f"must be a finite number > 0, got {value!r}")
+    return value
+
+
+def _positive_list(values: list[float] | None) -> list[float] | None:
+    for value in values or []:
+        _positive(value)
+    return values
+
+
+def _dispatch(text: str) -> Any:
+    if text not in DISPATCH_RULES:
+        raise _fail(f"--dispatch: use one of {', '.join(DISPATCH_RULES)}, got {text!r}")
+    return text
+
+
+def _jobs(jobs: int | None) -> int:
+    return jobs if jobs is not None else (os.cpu_count() or 1)
+
+
+def _iv(value: Any, digits: int = 0, scale: float = 1.0) -> str:
+    """A figure over the replications: ``mean ± half-width`` (``-`` when unmeasured)."""
+    if isinstance(value, Interval):
+        return value.format(digits, scale)
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return _fmt(float(value) * scale, digits)
+    return str(value)
+
+
+def _agreed(value: Any) -> str:
+    """A label over the replications: itself when they agree, else each label's count."""
+    if not isinstance(value, list):
+        return str(value)
+    counts: dict[str, int] = {}
+    for one in value:
+        counts[str(one)] = counts.get(str(one), 0) + 1
+    return ", ".join(f"{label} {n}/{len(value)}" for label, n in sorted(counts.items()))
 
 
 def _console() -> Console:
@@ -131,11 +190,15 @@ def capacity(
     io: Annotated[float, typer.Option(help="Seconds waiting for the model per request.")] = 0.8,
     cores: Annotated[int, typer.Option(help="Cores per worker.")] = 1,
     check: Annotated[bool, typer.Option(help="Also simulate each shape saturated.")] = False,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """The ceiling of each fleet shape: the smaller of slots / (cpu + io) and cores / cpu."""
+    """The ceiling of each fleet shape: the smaller of slots / (cpu + io) and cores / cpu.
+    With --check, the throughput simulated saturated, a mean over replications with its 95%
+    interval."""
     shapes = []
     for text in shape or ["1x8", "1x64", "4x64"]:
         workers, _, slots = text.lower().partition("x")
@@ -144,9 +207,20 @@ def capacity(
         except ValueError:
             raise _fail(f"--shape {text!r}: use WORKERSxSLOTS, for example 4x64") from None
     try:
-        rows = capacity_module.capacity_table(
-            shapes, cpu=cpu, io=io, cores=cores, check=check, seed=seed
-        )
+        rows = capacity_module.capacity_table(shapes, cpu=cpu, io=io, cores=cores)
+        simulated: list[Interval] = []
+        if check:
+            with _progress(replications, "replications", not json_output) as tick:
+                simulated = capacity_module.check_shapes(
+                    shapes,
+                    cpu=cpu,
+                    io=io,
+                    cores=cores,
+                    seed=seed,
+                    replications=replications,
+                    jobs=_jobs(jobs),
+                    progress=tick,
+                )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     if plot is not None:
@@ -154,13 +228,27 @@ def capacity(
 
         plot_capacity(rows, plot)
     if json_output:
-        _emit_json({"cpu": cpu, "io": io, "cores": cores, "shapes": [r.as_dict() for r in rows]})
+        shaped = []
+        for index, r in enumerate(rows):
+            data = r.as_dict()
+            data["simulated"] = simulated[index].as_dict() if check else None
+            shaped.append(data)
+        _emit_json(
+            {
+                "cpu": cpu,
+                "io": io,
+                "cores": cores,
+                "replications": replications if check else None,
+                "seed": seed,
+                "shapes": shaped,
+            }
+        )
         return
     columns = ["fleet", "slot limit", "core limit", "ceiling req/s", "binds"]
     if check:
         columns.append("simulated")
     table_rows = []
-    for r in rows:
+    for index, r in enumerate(rows):
         row = [
             f"{r.workers} worker{'s' if r.workers > 1 else ''} x {r.slots} slots",
             _fmt(r.slot_limit, 1),
@@ -169,15 +257,12 @@ def capacity(
             r.binding,
         ]
         if check:
-            row.append(_fmt(r.simulated, 1))
+            row.append(simulated[index].format(1))
         table_rows.append(row)
-    _console().print(
-        _table(
-            f"Ceiling at cpu {cpu:g} s, io {io:g} s, {cores} core(s) per worker",
-            columns,
-            table_rows,
-        )
-    )
+    title = f"Ceiling at cpu {cpu:g} s, io {io:g} s, {cores} core(s) per worker"
+    if check:
+        title += f"; simulated: {replications} replications, 95% CI"
+    _console().print(_table(title, columns, table_rows))
     _wrote(plot)
 
 
@@ -330,55 +415,77 @@ def load(
 
 @lab_app.command()
 def backpressure(
-    rate: Annotated[float, typer.Option(help="Offered rate (req/s), above the ceiling.")] = 14.0,
-    slots: Annotated[int, typer.Option(help="In-flight slots.")] = 8,
-    waiting: Annotated[int, typer.Option(help="Places in the bounded waiting room.")] = 8,
+    rate: Annotated[
+        float,
+        typer.Option(help="Offered rate (req/s), above the ceiling.", callback=_positive),
+    ] = 14.0,
+    slots: Annotated[int, typer.Option(min=1, help="In-flight slots.")] = 8,
+    waiting: Annotated[int, typer.Option(min=0, help="Places in the bounded waiting room.")] = 8,
     deadline: Annotated[
-        float, typer.Option(help="Seconds each caller waits for its answer.")
+        float,
+        typer.Option(help="Seconds each caller waits for its answer.", callback=_positive),
     ] = 3.0,
-    cpu: Annotated[float, typer.Option(help="Seconds of CPU per request.")] = 0.015,
+    cpu: Annotated[float, typer.Option(min=0.0, help="Seconds of CPU per request.")] = 0.015,
     io: Annotated[str, typer.Option(help="Model-call time distribution.")] = "exp:0.8",
-    horizon: Annotated[float, typer.Option(help="Seconds simulated.")] = 120.0,
+    horizon: Annotated[
+        float, typer.Option(help="Seconds simulated per replication.", callback=_positive)
+    ] = 120.0,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """The same overload against no waiting room, a bounded one, and an unbounded queue."""
+    """The same overload against no waiting room, a bounded one, and an unbounded queue; each
+    figure a mean over replications with its 95% interval."""
+    settings: dict[str, Any] = {
+        "slots": slots,
+        "waiting_room": waiting,
+        "deadline": deadline,
+        "io": _distribution(io, "--io"),
+        "cpu": Deterministic(value=cpu) if cpu > 0 else None,
+        "horizon": horizon,
+    }
     try:
-        reports = load_module.backpressure(
-            rate,
-            slots=slots,
-            waiting_room=waiting,
-            deadline=deadline,
-            io=_distribution(io, "--io"),
-            cpu=Deterministic(value=cpu) if cpu > 0 else None,
-            horizon=horizon,
-            seed=seed,
+        with _progress(replications, "replications", not json_output) as tick:
+            summary = load_module.backpressure_summary(
+                rate,
+                seed=seed,
+                replications=replications,
+                jobs=_jobs(jobs),
+                progress=tick,
+                **settings,
+            )
+        reports = (
+            load_module.backpressure(rate, seed=replication_seed(seed, 0), **settings)
+            if plot is not None
+            else None
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    if plot is not None:
+    if reports is not None and plot is not None:
         from tidegate.lab.plot import plot_backpressure
 
         plot_backpressure(reports, plot)
     if json_output:
-        _emit_json({name: report.as_dict() for name, report in reports.items()})
+        _emit_json({"replications": replications, "seed": seed, "shapes": plain(summary)})
         return
     rows = [
         [
             name,
-            str(r.total.shed_total),
-            str(r.total.expired),
-            str(r.total.late),
-            str(r.total.on_time),
-            str(r.total.in_system),
-            _fmt(r.total.latency.p95),
+            _iv(f["shed"]),
+            _iv(f["expired"]),
+            _iv(f["late"]),
+            _iv(f["on_time"]),
+            _iv(f["in_system"]),
+            _iv(f["p95"], 2),
         ]
-        for name, r in reports.items()
+        for name, f in summary.items()
     ]
     _console().print(
         _table(
-            f"{rate:g} req/s for {horizon:g} s against {slots} slots, deadline {deadline:g} s",
+            f"{rate:g} req/s for {horizon:g} s against {slots} slots, deadline {deadline:g} s; "
+            f"{replications} replications, 95% CI",
             ["shape", "shed", "expired", "late", "on time", "still inside", "p95 s"],
             rows,
         )
@@ -399,11 +506,14 @@ def storm(
     deadline: Annotated[float, typer.Option(help="Seconds each caller waits.")] = 10.0,
     attempts: Annotated[int, typer.Option(help="Tries per request, the first included.")] = 4,
     budget_ratio: Annotated[float, typer.Option(help="Retry budget: share of first tries.")] = 0.1,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """A provider outage under naive retries, backoff with jitter, a retry budget, a breaker."""
+    """A provider outage under naive retries, backoff with jitter, a retry budget, a breaker;
+    each figure a mean over replications with its 95% interval."""
     try:
         options = storm_module.StormOptions(
             rate=rate,
@@ -415,16 +525,31 @@ def storm(
             attempts=attempts,
             budget_ratio=budget_ratio,
         )
-        with _progress(len(storm_module.STRATEGIES), "strategies", not json_output) as tick:
-            results = storm_module.run_storms(options, seed=seed, progress=tick)
+        with _progress(replications, "replications", not json_output) as tick:
+            summary = storm_module.storm_summary(
+                options, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick
+            )
+        results = (
+            storm_module.run_storms(options, seed=replication_seed(seed, 0))
+            if plot is not None
+            else None
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    if plot is not None:
+    if results is not None and plot is not None:
         from tidegate.lab.plot import plot_storm
 
         plot_storm(results, capacity, plot)
     if json_output:
-        _emit_json([r.as_dict() for r in results])
+        _emit_json(
+            {
+                "replications": replications,
+                "seed": seed,
+                "strategies": [
+                    {"strategy": name, **plain(figures)} for name, figures in summary.items()
+                ],
+            }
+        )
         return
     labels = {
         "naive": "retry at once",
@@ -434,20 +559,20 @@ def storm(
     }
     rows = [
         [
-            labels[r.strategy],
-            str(r.calls),
-            str(r.peak),
-            str(r.served),
-            str(r.gave_up),
-            str(r.seconds_over_capacity),
-            str(r.short_circuited),
+            labels[name],
+            _iv(f["calls"]),
+            _iv(f["peak"]),
+            _iv(f["served"]),
+            _iv(f["gave_up"]),
+            _iv(f["seconds_over_capacity"], 1),
+            _iv(f["short_circuited"]),
         ]
-        for r in results
+        for name, f in summary.items()
     ]
     _console().print(
         _table(
             f"{rate:g} new req/s, provider capacity {capacity}/s, outage {outage_start:g}-"
-            f"{outage_start + outage_length:g} s",
+            f"{outage_start + outage_length:g} s; {replications} replications, 95% CI",
             [
                 "strategy",
                 "calls",
@@ -469,33 +594,45 @@ def storm(
 @lab_app.command()
 def surge(
     multiplier: Annotated[
-        list[float] | None, typer.Option(help="Arrival rate over capacity; repeat to sweep.")
+        list[float] | None,
+        typer.Option(help="Arrival rate over capacity; repeat to sweep.", callback=_positive_list),
     ] = None,
     critical_share: Annotated[
         list[float] | None, typer.Option(help="Share of critical requests; repeat to sweep.")
     ] = None,
-    slots: Annotated[int, typer.Option(help="In-flight slots of the fleet.")] = 8,
-    service: Annotated[str, typer.Option(help="Service time distribution.")] = "exp:1",
-    deadline: Annotated[float, typer.Option(help="Seconds an answer stays useful.")] = 10.0,
-    duration: Annotated[float, typer.Option(help="Seconds until capacity arrives.")] = 300.0,
+    slots: Annotated[int, typer.Option(min=1, help="In-flight slots of the fleet.")] = 20,
+    service: Annotated[str, typer.Option(help="Service time distribution.")] = "det:1",
+    deadline: Annotated[
+        float, typer.Option(help="Seconds an answer stays useful.", callback=_positive)
+    ] = 30.0,
+    duration: Annotated[
+        float, typer.Option(help="Seconds until capacity arrives.", callback=_positive)
+    ] = 900.0,
     queue_cap: Annotated[
-        int | None, typer.Option(help="bounded_queue's cap per class (default: one deadline).")
+        int | None,
+        typer.Option(
+            min=0, help="bounded_queue's cap on the whole queue (default: one deadline of service)."
+        ),
     ] = None,
     threshold: Annotated[float, typer.Option(help="conditional_priority's load factor.")] = 2.0,
     dequeue_margin: Annotated[
-        float | None,
+        float,
         typer.Option(
-            help="deadline_at_dequeue: drop this early (default: mean service; 0: only late)."
+            min=0.0,
+            help="deadline_at_dequeue: drop this early (0: the controller's literal check).",
         ),
-    ] = None,
+    ] = 0.0,
     rung: Annotated[list[str] | None, typer.Option(help="Only these rungs; repeatable.")] = None,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """The overload ladder: served, goodput, critical share, shed, backlog, time to rejection."""
+    """The overload ladder: served, goodput, critical share, shed, backlog, time to rejection;
+    each a mean over replications with its 95% interval."""
     multipliers = multiplier or [10.0]
-    shares = critical_share or [0.05]
+    shares = critical_share or [0.1]
     rungs = tuple(rung) if rung else surge_module.RUNGS
     try:
         options = surge_module.SurgeOptions(
@@ -509,53 +646,68 @@ def surge(
             multiplier=multipliers[0],
             critical_share=shares[0],
         )
-        with _progress(len(multipliers) * len(shares), "surge sweep", not json_output) as tick:
-            results = surge_module.sweep(
+        with _progress(replications, "replications", not json_output) as tick:
+            points = surge_module.surge_summary(
                 options,
                 multipliers=multipliers,
                 critical_shares=shares,
                 seed=seed,
+                replications=replications,
+                jobs=_jobs(jobs),
                 rungs=rungs,
                 progress=tick,
             )
+        first = (
+            surge_module.run_surge(options, seed=replication_seed(seed, 0), rungs=rungs)
+            if plot is not None
+            else None
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    if plot is not None:
+    if first is not None and plot is not None:
         from tidegate.lab.plot import plot_surge
 
-        plot_surge(next(iter(results.values())), plot)
+        plot_surge(first, plot)
     if json_output:
         _emit_json(
             {
                 "capacity": options.capacity,
                 "deadline": deadline,
                 "duration": duration,
+                "bounded_cap": options.bounded_cap,
+                "replications": replications,
+                "seed": seed,
                 "points": [
-                    {"multiplier": m, "critical_share": s, "rungs": [r.as_dict() for r in rs]}
-                    for (m, s), rs in results.items()
+                    {
+                        "multiplier": p["multiplier"],
+                        "critical_share": p["critical_share"],
+                        "rungs": [plain(r) for r in p["rungs"].values()],
+                    }
+                    for p in points
                 ],
             }
         )
         return
     console = _console()
-    for (m, s), rs in results.items():
+    for p in points:
         rows = [
             [
-                r.rung,
-                str(r.served),
-                str(r.goodput),
-                _fmt(r.critical_goodput_share),
-                str(r.shed),
-                str(r.expired),
-                str(r.backlog),
-                _fmt(r.rejection_time_mean, 1),
+                name,
+                _iv(r["served"]),
+                _iv(r["goodput"]),
+                _iv(r["critical_goodput_share"], 2),
+                _iv(r["shed"]),
+                _iv(r["expired"]),
+                _iv(r["backlog"]),
+                _iv(r["rejection_time_mean"], 1),
             ]
-            for r in rs
+            for name, r in p["rungs"].items()
         ]
         console.print(
             _table(
-                f"{m:g}x capacity ({options.capacity:g} req/s), critical share {s:g}, "
-                f"deadline {deadline:g} s, {duration:g} s until capacity arrives",
+                f"{p['multiplier']:g}x capacity ({options.capacity:g} req/s), critical share "
+                f"{p['critical_share']:g}, deadline {deadline:g} s, {duration:g} s until capacity "
+                f"arrives; {replications} replications, 95% CI",
                 [
                     "rung",
                     "served",
@@ -581,63 +733,79 @@ def gameday(
         Path | None,
         typer.Option(help="Release scenario (JSON); default: the built-in one.", dir_okay=False),
     ] = None,
-    steps: Annotated[bool, typer.Option(help="Print each gated step with its reasons.")] = True,
+    steps: Annotated[
+        bool, typer.Option(help="Print the first replication's gated steps with their reasons.")
+    ] = True,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """A release with a defect that grows with traffic, under rolling, canary and blue-green."""
+    """A release with a defect that grows with traffic, under rolling, canary and blue-green;
+    each figure a mean over replications with its 95% interval."""
     try:
         loaded = gameday_module.load_scenario(scenario)
+        with _progress(replications, "replications", not json_output) as tick:
+            summary, first = gameday_module.gameday_summary(
+                loaded, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick
+            )
     except (OSError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    results = gameday_module.run_gameday(loaded, seed=seed)
     if plot is not None:
         from tidegate.lab.plot import plot_gameday
 
-        plot_gameday(results, plot)
+        plot_gameday(gameday_module.run_gameday(loaded, seed=replication_seed(seed, 0)), plot)
     if json_output:
-        _emit_json([r.as_dict() for r in results])
+        _emit_json(
+            {
+                "replications": replications,
+                "seed": seed,
+                "releases": plain(summary),
+                "first_replication": first,
+            }
+        )
         return
     rows = [
         [
-            r.strategy,
-            "on" if r.gated else "off",
-            r.outcome,
-            str(r.exposed),
-            str(r.failed),
-            "-" if r.rolled_back_at is None else f"{r.rolled_back_at / 60:.0f} min",
+            r["strategy"],
+            "on" if r["gated"] else "off",
+            _agreed(r["outcome"]),
+            _iv(r["exposed"]),
+            _iv(r["failed"]),
+            _iv(r["rolled_back_at"], 1, 1 / 60),
         ]
-        for r in results
+        for r in summary
     ]
     console = _console()
     console.print(
         _table(
             f"Candidate error rate {loaded.candidate.error_rate:.0%} + "
             f"{loaded.candidate.defect_slope:g} x its share; baseline "
-            f"{loaded.baseline.error_rate:.0%}; {loaded.rate:g} req/s",
-            ["strategy", "gate", "outcome", "on candidate", "failed", "rolled back"],
+            f"{loaded.baseline.error_rate:.0%}; {loaded.rate:g} req/s; "
+            f"{replications} replications, 95% CI",
+            ["strategy", "gate", "outcome", "on candidate", "failed", "rolled back, min"],
             rows,
         )
     )
     if steps:
-        for r in results:
-            if not r.gated:
+        for r in first:
+            if not r["gated"]:
                 continue
             step_rows = [
                 [
-                    f"{s.at / 60:.0f} min",
-                    f"{s.share:.0%}",
-                    f"{s.canary_errors}/{s.canary_requests}",
-                    f"{s.baseline_errors}/{s.baseline_requests}",
-                    s.action,
-                    s.reasons[0] if s.action != "proceed" else "all checks passed",
+                    f"{s['at'] / 60:.0f} min",
+                    f"{s['share']:.0%}",
+                    f"{s['canary_errors']}/{s['canary_requests']}",
+                    f"{s['baseline_errors']}/{s['baseline_requests']}",
+                    s["action"],
+                    s["reasons"][0] if s["action"] != "proceed" else "all checks passed",
                 ]
-                for s in r.steps
+                for s in r["steps"]
             ]
             console.print(
                 _table(
-                    f"{r.strategy}, gate on: step by step",
+                    f"{r['strategy']}, gate on, first replication: step by step",
                     ["at", "share", "candidate errors", "baseline errors", "decision", "reason"],
                     step_rows,
                 )
@@ -659,11 +827,14 @@ def autoscale(
     lead_time: Annotated[float, typer.Option(help="Seconds from order to serving.")] = 180.0,
     interval: Annotated[float, typer.Option(help="Seconds between decisions.")] = 15.0,
     deadline: Annotated[float, typer.Option(help="Seconds each request may take.")] = 20.0,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
     plot: PlotOption = None,
 ) -> None:
-    """Proportional vs damped law under a lead time and a surge."""
+    """Proportional vs damped law under a lead time and a surge; each figure a mean over
+    replications with its 95% interval."""
     try:
         options = scaling_module.AutoscaleOptions(
             base_rate=base_rate,
@@ -676,35 +847,43 @@ def autoscale(
             interval=interval,
             deadline=deadline,
         )
-        with _progress(len(scaling_module.LAWS), "laws", not json_output) as tick:
-            results = []
-            for law in scaling_module.LAWS:
-                results.append(scaling_module.run_autoscale(law, options, seed=seed))
-                tick()
+        with _progress(replications, "replications", not json_output) as tick:
+            summary = scaling_module.autoscale_summary(
+                options, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick
+            )
+        results = (
+            [
+                scaling_module.run_autoscale(law, options, seed=replication_seed(seed, 0))
+                for law in scaling_module.LAWS
+            ]
+            if plot is not None
+            else None
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    if plot is not None:
+    if results is not None and plot is not None:
         from tidegate.lab.plot import plot_autoscale
 
         plot_autoscale(results, plot)
     if json_output:
-        _emit_json([r.as_dict() for r in results])
+        _emit_json({"replications": replications, "seed": seed, "laws": plain(summary)})
         return
     rows = [
         [
-            r.law,
-            str(r.peak_replicas),
-            str(r.direction_changes),
-            str(r.cold_starts),
-            f"{100 * r.goodput_share:.1f}",
-            f"{r.replica_seconds / 3600:.1f}",
+            r["law"],
+            _iv(r["peak_replicas"], 1),
+            _iv(r["direction_changes"], 1),
+            _iv(r["cold_starts"]),
+            _iv(r["goodput_share"], 1, 100),
+            _iv(r["replica_seconds"], 1, 1 / 3600),
         ]
-        for r in results
+        for r in summary
     ]
     _console().print(
         _table(
             f"{base_rate:g} -> {surge_rate:g} req/s from {surge_start:g} s to {surge_end:g} s, "
-            f"lead time {lead_time:g} s, start at {options.initial_replicas} replicas",
+            f"lead time {lead_time:g} s, start at {options.initial_replicas} replicas; "
+            f"{replications} replications, 95% CI",
             [
                 "law",
                 "peak replicas",
@@ -720,43 +899,6 @@ def autoscale(
 
 
 # --------------------------------------------------------------------------- plan
-
-
-def _positive(value: float | None) -> float | None:
-    if value is not None and (not math.isfinite(value) or value <= 0):
-        raise typer.BadParameter(f"must be a finite number > 0, got {value!r}")
-    return value
-
-
-def _positive_list(values: list[float] | None) -> list[float] | None:
-    for value in values or []:
-        _positive(value)
-    return values
-
-
-ReplicationsOption = Annotated[
-    int, typer.Option(min=1, help="Independent replications; figures are their mean and 95% CI.")
-]
-JobsOption = Annotated[
-    int | None,
-    typer.Option(
-        min=1, help="Processes running replications (default: every core).", show_default=False
-    ),
-]
-DispatchOption = Annotated[
-    str,
-    typer.Option(help="How requests reach workers: round_robin or shortest_queue."),
-]
-
-
-def _jobs(jobs: int | None) -> int:
-    return jobs if jobs is not None else (os.cpu_count() or 1)
-
-
-def _dispatch(text: str) -> Any:
-    if text not in DISPATCH_RULES:
-        raise _fail(f"--dispatch: use one of {', '.join(DISPATCH_RULES)}, got {text!r}")
-    return text
 
 
 @contextmanager

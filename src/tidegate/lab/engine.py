@@ -88,6 +88,8 @@ _TICK: Final = 4
 _CALL: Final = 5
 _WARMUP: Final = 6
 _SLICE: Final = 7
+#: The refusal reason of the fleet's total waiting cap, as the controller names its own cap's.
+_QUEUE_FULL: Final = "queue_full"
 
 #: How a fleet dispatches a new request to its workers.
 DISPATCH_RULES: Final = ("round_robin", "shortest_queue")
@@ -186,6 +188,11 @@ class Fleet:
     latest useful start instead of the deadline itself. With ``drop_expired_at_dequeue`` the
     controller then drops work that can no longer finish in time, not only work already late.
     On-time and late are always judged against the caller's own deadline.
+
+    ``total_queue_cap`` bounds a worker's waiting requests over all classes together (the
+    controller's ``queue_cap`` bounds each class): a request that cannot start at once while
+    that many wait is refused as ``queue_full`` before it reaches the controller. ``None`` (the
+    default) leaves the bounding to the controller alone.
     """
 
     admission: AdmissionOptions
@@ -194,6 +201,7 @@ class Fleet:
     workers: int = 1
     cores: int = 1
     start_margin: float = 0.0
+    total_queue_cap: int | None = None
     #: ``"round_robin"`` (each new request to the next active worker, as a load balancer with no
     #: feedback does) or ``"shortest_queue"`` (to the active worker holding the fewest requests,
     #: waiting or in service; ties go round-robin).
@@ -208,6 +216,12 @@ class Fleet:
             )
         if isinstance(self.workers, bool) or self.workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+        if self.total_queue_cap is not None and (
+            isinstance(self.total_queue_cap, bool) or self.total_queue_cap < 0
+        ):
+            raise ValueError(
+                f"total_queue_cap must be an integer >= 0 or None, got {self.total_queue_cap!r}"
+            )
         if isinstance(self.cores, bool) or self.cores < 1:
             raise ValueError(f"cores must be an integer >= 1, got {self.cores!r}")
 
@@ -511,6 +525,7 @@ class _Run:
         self.expired_buffer = sim._expired
         self.slots = fleet.admission.slots
         self.margin = fleet.start_margin
+        self.total_cap = -1 if fleet.total_queue_cap is None else fleet.total_queue_cap
         self.rr = 0
         self.jsq = fleet.dispatch == "shortest_queue"
         self._traffic(sim, traffic)
@@ -703,6 +718,14 @@ class _Run:
         if counted:
             tally.offered += 1
         margin = self.margin
+        cap = self.total_cap
+        if cap >= 0 and worker.in_flight >= self.slots and worker.held - worker.in_flight >= cap:
+            if counted:
+                reasons = tally.shed
+                reasons[_QUEUE_FULL] = reasons.get(_QUEUE_FULL, 0) + 1
+            if self.closed:
+                self.push(t + self.think.draw(), _CLIENT, client, 0, 0.0)
+            return
         try:
             ticket = worker.controller.offer(
                 request_id="lab",

@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+from tidegate.lab.replicate import aggregate, replicate
 from tidegate.lab.report import percentile
 from tidegate.policy.rollout import (
     RolloutGate,
@@ -44,6 +46,7 @@ __all__ = [
     "GateStep",
     "ReleaseResult",
     "VersionSpec",
+    "gameday_summary",
     "load_scenario",
     "run_gameday",
     "run_release",
@@ -394,3 +397,35 @@ def run_gameday(scenario: GamedayScenario, *, seed: int = 0) -> list[ReleaseResu
         for strategy in STRATEGIES
         for gated in (False, True)
     ]
+
+
+def _gameday_replication(scenario: GamedayScenario, seed: int) -> list[dict[str, Any]]:
+    return [result.as_dict() for result in run_gameday(scenario, seed=seed)]
+
+
+def gameday_summary(
+    scenario: GamedayScenario,
+    *,
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`run_gameday` over independent replications.
+
+    Returns, per strategy and gate, each figure a mean with its 95% interval (``outcome`` kept
+    when every replication agrees, else listed per replication; ``rolled_back_at`` over the
+    replications that rolled back), without the steps; and the first replication's results
+    with their gated steps, to show how one release went.
+    """
+    _, values = replicate(
+        _gameday_replication,
+        scenario,
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    stripped = [[{k: v for k, v in r.items() if k != "steps"} for r in one] for one in values]
+    summary: list[dict[str, Any]] = aggregate(stripped)
+    return summary, values[0]

@@ -29,6 +29,7 @@ from tidegate.lab.replicate import (
     littles_check,
     mser5_warmup,
     plain,
+    replicate,
     run_replications,
     stationarity,
     steady_metrics,
@@ -44,6 +45,8 @@ __all__ = [
     "LoadSummary",
     "TheoryPoint",
     "backpressure",
+    "backpressure_figures",
+    "backpressure_summary",
     "load_summary",
     "load_sweep",
     "theory_for",
@@ -201,6 +204,47 @@ def backpressure(
         )
         for name, options in shapes.items()
     }
+
+
+def backpressure_figures(report: Report) -> dict[str, Any]:
+    """One shape's figures in one replication, as plain data."""
+    total = report.total
+    return {
+        "shed": total.shed_total,
+        "expired": total.expired,
+        "late": total.late,
+        "on_time": total.on_time,
+        "in_system": total.in_system,
+        "p95": None if math.isnan(total.latency.p95) else total.latency.p95,
+    }
+
+
+def _backpressure_replication(task: dict[str, Any], seed: int) -> dict[str, Any]:
+    reports = backpressure(**task, seed=seed)
+    return {name: backpressure_figures(report) for name, report in reports.items()}
+
+
+def backpressure_summary(
+    rate: float,
+    *,
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    progress: Callable[[], None] | None = None,
+    **settings: Any,
+) -> dict[str, dict[str, Any]]:
+    """:func:`backpressure` over independent replications: per shape, each figure a mean with
+    its 95% interval (``settings`` are :func:`backpressure`'s keywords)."""
+    summary, _ = replicate(
+        _backpressure_replication,
+        {"rate": rate, **settings},
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    result: dict[str, dict[str, Any]] = summary
+    return result
 
 
 # --------------------------------------------------------------------------- replicated sweep

@@ -44,6 +44,7 @@ __all__ = [
     "littles_check",
     "mser5_warmup",
     "plain",
+    "replicate",
     "replication_seed",
     "run_replications",
     "stationarity",
@@ -115,6 +116,23 @@ def run_replications(
         return ordered
     finally:
         _TASK.pop()
+
+
+def replicate(
+    function: Callable[[Any, int], Any],
+    spec: Any,
+    *,
+    seed: int,
+    replications: int,
+    workers: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> tuple[Any, list[Any]]:
+    """:func:`run_replications`, then :func:`aggregate`: the summary (every number an
+    :class:`Interval`) and the replications' own results, in replication order."""
+    values = run_replications(
+        function, spec, seed=seed, replications=replications, workers=workers, progress=progress
+    )
+    return aggregate(values), values
 
 
 def _number(value: Any) -> bool:

@@ -21,6 +21,7 @@ from itertools import pairwise
 from typing import Any, Final
 
 from tidegate.lab.engine import Fleet, Simulation, Traffic
+from tidegate.lab.replicate import replicate
 from tidegate.lab.report import Report
 from tidegate.lab.workload import Distribution, Exponential, Piecewise
 from tidegate.policy.admission import AdmissionOptions
@@ -31,6 +32,7 @@ __all__ = [
     "AutoscaleOptions",
     "AutoscaleResult",
     "ReplicaSample",
+    "autoscale_summary",
     "run_autoscale",
 ]
 
@@ -272,3 +274,34 @@ def run_autoscale(
         replica_seconds=scaler.replica_seconds,
         report=report,
     )
+
+
+def _autoscale_replication(options: AutoscaleOptions, seed: int) -> list[dict[str, Any]]:
+    results = []
+    for law in LAWS:
+        figures = run_autoscale(law, options, seed=seed).as_dict()
+        del figures["trace"]
+        results.append(figures)
+    return results
+
+
+def autoscale_summary(
+    options: AutoscaleOptions | None = None,
+    *,
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Both laws over independent replications (the laws of one replication on the same
+    arrivals): per law, each figure a mean with its 95% interval."""
+    summary, _ = replicate(
+        _autoscale_replication,
+        options if options is not None else AutoscaleOptions(),
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    result: list[dict[str, Any]] = summary
+    return result

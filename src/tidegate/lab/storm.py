@@ -29,6 +29,7 @@ from typing import Any, Final
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.lab.calls import run_call
 from tidegate.lab.engine import EventQueue
+from tidegate.lab.replicate import replicate
 from tidegate.policy.attempts import AttemptPolicy, Call, Stop
 from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
 from tidegate.policy.deadline import Deadline
@@ -41,6 +42,7 @@ __all__ = [
     "StormResult",
     "run_storm",
     "run_storms",
+    "storm_summary",
 ]
 
 #: The strategies, from the least to the most protective.
@@ -266,3 +268,53 @@ def run_storms(
         if progress is not None:
             progress()
     return results
+
+
+#: The figures :func:`storm_summary` gives per strategy.
+FIGURES: Final = (
+    "requests",
+    "calls",
+    "peak",
+    "served",
+    "gave_up",
+    "seconds_over_capacity",
+    "short_circuited",
+)
+
+
+def _storm_replication(
+    task: tuple[StormOptions, tuple[str, ...]], seed: int
+) -> dict[str, dict[str, int]]:
+    options, strategies = task
+    return {
+        r.strategy: {name: getattr(r, name) for name in FIGURES}
+        for r in run_storms(options, seed=seed, strategies=strategies)
+    }
+
+
+def storm_summary(
+    options: StormOptions | None = None,
+    *,
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    strategies: Iterable[str] = STRATEGIES,
+    progress: Callable[[], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Every strategy over independent replications (each on its own arrivals, the strategies
+    of one replication on the same ones): per strategy, each figure a mean with its 95%
+    interval."""
+    chosen = tuple(strategies)
+    for strategy in chosen:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    summary, _ = replicate(
+        _storm_replication,
+        (options if options is not None else StormOptions(), chosen),
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    result: dict[str, dict[str, Any]] = summary
+    return result

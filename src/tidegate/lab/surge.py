@@ -10,7 +10,7 @@ one deadline for both:
 rung                      options
 ========================  ===================================================================
 unbounded_fifo            no cap, serve by arrival, never drop expired work
-bounded_queue             ``queue_cap`` per class (default: a deadline's worth of service)
+bounded_queue             one waiting cap for both classes (default: a deadline of service)
 deadline_admission        admit only if the work ahead clears before the deadline (FIFO)
 deadline_at_dequeue       admit everything, drop expired work when it reaches the front
 priority_at_dequeue       deadline admission judged class-blind, critical served first
@@ -22,11 +22,17 @@ weighted_share            deadline admission with a weighted share instead of a 
 Callers do not tell the server when they give up (``on_deadline="stay"``), so a rung that keeps
 expired work spends slots on answers nobody reads. Goodput counts completions by the deadline.
 
-The controller drops a ticket at dequeue once its deadline has passed. Under FIFO overload the
-front of the queue is always about one deadline old, so dropping only what is already late still
-starts work that cannot finish in time. ``deadline_at_dequeue`` therefore tells the controller
-each deadline ``dequeue_margin`` (by default the mean service time) early, the latest useful
-start; ``dequeue_margin=0`` shows the controller's literal check.
+The defaults are the surge runbook's model: a fleet serving 20 requests per second (20 slots,
+one second of service each), demand at ten times that, a 10 % critical share, a 30-second
+deadline and a 900-second lead time. The bounded rung's cap is on the whole queue (both classes
+together, enforced by the fleet in front of the controller, whose own caps are per class), one
+deadline of service: 600 places.
+
+The controller drops a ticket at dequeue once its deadline has passed; by default
+``deadline_at_dequeue`` uses that literal check. Under FIFO overload the front of the queue is
+always about one deadline old, so dropping only what is already late still starts work that
+cannot finish in time. ``dequeue_margin`` tells the controller each deadline that much early
+(the latest useful start is one service time before it).
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from tidegate.lab.engine import Fleet, Simulation, Traffic
+from tidegate.lab.replicate import replicate
 from tidegate.lab.report import Report
-from tidegate.lab.workload import Distribution, Exponential, Poisson
+from tidegate.lab.workload import Deterministic, Distribution, Poisson
 from tidegate.policy.admission import AdmissionOptions
 
 __all__ = [
@@ -49,6 +56,7 @@ __all__ = [
     "ladder",
     "run_rung",
     "run_surge",
+    "surge_summary",
     "sweep",
 ]
 
@@ -67,7 +75,7 @@ RUNGS: Final = (
     "weighted_share",
 )
 
-_DEFAULT_SERVICE: Final = Exponential(mean=1.0)
+_DEFAULT_SERVICE: Final = Deterministic(value=1.0)
 _SAMPLES: Final = 200
 
 
@@ -80,27 +88,28 @@ class SurgeOptions:
     """
 
     #: In-flight slots of the fleet (one controller).
-    slots: int = 8
+    slots: int = 20
     #: Time a request holds its slot.
     service: Distribution = _DEFAULT_SERVICE
     #: Arrival rate over capacity during the surge.
     multiplier: float = 10.0
     #: Share of arrivals in the critical class.
-    critical_share: float = 0.05
+    critical_share: float = 0.1
     #: Seconds after arrival by which an answer is still useful (both classes).
-    deadline: float = 10.0
+    deadline: float = 30.0
     #: Seconds until new capacity arrives: the measured window.
-    duration: float = 300.0
-    #: Waiting places per class for ``bounded_queue``; ``None`` is a deadline's worth of service.
+    duration: float = 900.0
+    #: Waiting places of ``bounded_queue``, both classes together; ``None`` is one deadline of
+    #: service (``capacity x deadline``).
     queue_cap: int | None = None
     #: Offered load factor above which ``conditional_priority`` applies priority.
     conditional_threshold: float = 2.0
     #: Weight of the critical class against 1 for standard, for ``weighted_share``.
     critical_weight: float = 4.0
     #: For ``deadline_at_dequeue``: the controller is told the deadline this much earlier, so it
-    #: drops work that cannot finish in time. ``None`` is the mean service time; 0 drops only
-    #: work whose deadline has already passed.
-    dequeue_margin: float | None = None
+    #: drops work that cannot finish in time. 0 (the controller's literal check) drops only work
+    #: whose deadline has already passed; ``None`` is the mean service time.
+    dequeue_margin: float | None = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.slots, bool) or self.slots < 1:
@@ -138,7 +147,10 @@ class SurgeOptions:
 
 
 def ladder(options: SurgeOptions) -> dict[str, AdmissionOptions]:
-    """Each rung's admission options, keyed by rung name, in ladder order."""
+    """Each rung's admission options, keyed by rung name, in ladder order.
+
+    ``bounded_queue``'s options are unbounded FIFO's: its cap is on the whole queue, which the
+    fleet enforces (:attr:`SurgeOptions.bounded_cap`, ``Fleet.total_queue_cap``)."""
     base: dict[str, Any] = {
         "classes": CLASSES,
         "slots": options.slots,
@@ -149,11 +161,7 @@ def ladder(options: SurgeOptions) -> dict[str, AdmissionOptions]:
     weights = {"critical": options.critical_weight, "standard": 1.0}
     rungs: dict[str, dict[str, Any]] = {
         "unbounded_fifo": {"mode": "queue_cap", "dequeue": "fifo"},
-        "bounded_queue": {
-            "mode": "queue_cap",
-            "dequeue": "fifo",
-            "queue_cap": options.bounded_cap,
-        },
+        "bounded_queue": {"mode": "queue_cap", "dequeue": "fifo"},
         "deadline_admission": {"mode": "deadline", "dequeue": "fifo"},
         "deadline_at_dequeue": {
             "mode": "queue_cap",
@@ -275,7 +283,12 @@ def run_rung(
 
     report = Simulation(
         traffic,
-        Fleet(admission=chosen, io=options.service, start_margin=margin),
+        Fleet(
+            admission=chosen,
+            io=options.service,
+            start_margin=margin,
+            total_queue_cap=options.bounded_cap if rung == "bounded_queue" else None,
+        ),
         horizon=options.duration,
         seed=seed,
         tick=(options.duration / _SAMPLES, sample),
@@ -347,3 +360,49 @@ def sweep(
             if progress is not None:
                 progress()
     return results
+
+
+def _surge_replication(
+    task: tuple[SurgeOptions, tuple[float, ...], tuple[float, ...], tuple[str, ...]], seed: int
+) -> list[dict[str, Any]]:
+    options, multipliers, shares, rungs = task
+    points = sweep(options, multipliers=multipliers, critical_shares=shares, seed=seed, rungs=rungs)
+    return [{"rungs": {r.rung: _figures(r) for r in results}} for results in points.values()]
+
+
+def _figures(result: SurgeResult) -> dict[str, Any]:
+    figures = result.as_dict()
+    del figures["multiplier"], figures["critical_share"]
+    return figures
+
+
+def surge_summary(
+    options: SurgeOptions,
+    *,
+    multipliers: Sequence[float],
+    critical_shares: Sequence[float],
+    seed: int = 0,
+    replications: int = 10,
+    jobs: int = 1,
+    rungs: Iterable[str] = RUNGS,
+    progress: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`sweep` over independent replications (the rungs of one replication on the same
+    arrivals): per point, per rung, each figure a mean with its 95% interval."""
+    chosen = tuple(rungs)
+    for rung in chosen:
+        if rung not in RUNGS:
+            raise ValueError(f"unknown rung {rung!r}; choose from {', '.join(RUNGS)}")
+    summary, _ = replicate(
+        _surge_replication,
+        (options, tuple(multipliers), tuple(critical_shares), chosen),
+        seed=seed,
+        replications=replications,
+        workers=jobs,
+        progress=progress,
+    )
+    grid = [(m, s) for m in multipliers for s in critical_shares]
+    return [
+        {"multiplier": m, "critical_share": s, "rungs": point["rungs"]}
+        for (m, s), point in zip(grid, summary, strict=True)
+    ]
