@@ -44,8 +44,11 @@ class Result:
 class Smoke:
     """The checks, against one base URL."""
 
-    def __init__(self, base: str, key: str, model: str, timeout: float) -> None:
+    def __init__(
+        self, base: str, key: str, model: str, timeout: float, metrics_url: str | None = None
+    ) -> None:
         self.base = base.rstrip("/")
+        self.metrics_url = metrics_url or f"{self.base}/metrics"
         self.key = key
         self.model = model
         self.timeout = timeout
@@ -53,7 +56,8 @@ class Smoke:
         self.answer_headers: dict[str, str] | None = None
 
     def _get(self, path: str) -> tuple[int, dict[str, str], bytes]:
-        request = urllib.request.Request(self.base + path, method="GET")
+        url = path if path.startswith(("http://", "https://")) else self.base + path
+        request = urllib.request.Request(url, method="GET")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return response.status, _headers(response.headers), response.read()
@@ -135,7 +139,7 @@ class Smoke:
         return Result("request id", False, "no X-Request-ID header on the answer")
 
     def metrics(self) -> Result:
-        status, _, body = self._get("/metrics")
+        status, _, body = self._get(self.metrics_url)
         families = _families(body.decode("utf-8", "replace"))
         missing = [name for name in REQUIRED_FAMILIES if name not in families]
         if status == 200 and not missing:
@@ -195,12 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", required=True, help="an API key of the gateway")
     parser.add_argument("--model", required=True, help="a model alias the key may use")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per network read")
+    parser.add_argument(
+        "--metrics-url", help="where /metrics is, when not at the base URL (the admin listener)"
+    )
     args = parser.parse_args(argv)
     parts = urlsplit(args.base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         parser.error(f"expected an http:// or https:// URL, got {args.base_url!r}")
 
-    smoke = Smoke(args.base_url, args.key, args.model, args.timeout)
+    smoke = Smoke(args.base_url, args.key, args.model, args.timeout, args.metrics_url)
     checks: list[tuple[str, Callable[[], Result]]] = [
         ("readiness", smoke.readiness),
         ("stream", smoke.stream),

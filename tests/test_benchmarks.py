@@ -26,3 +26,24 @@ def test_opcodes_counts_tidegates_own_path_by_module() -> None:
     for module in ("tidegate/gateway/pipeline/", "tidegate/policy/admission/controller.py"):
         assert module in out
     assert "opcodes.py" not in out.split("by module", 1)[1]
+
+
+def test_overload_verdicts_from_the_loads() -> None:
+    """benchmarks/overload.py's pure helpers: CPU per refusal less the served requests' share,
+    and one MET/MISSED verdict per target."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import overload
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    capacity = overload.LoadResult(10.0, 400, 0, 0.0, 0.0, cpu_s=0.4)
+    ten = overload.LoadResult(10.0, 400, 3_600, 0.5, 2.0, cpu_s=0.4 + 3_600 * 30e-6)
+    hundred = overload.LoadResult(10.0, 390, 39_610, 1.0, 6.0, cpu_s=0.39 + 39_610 * 60e-6)
+    assert round(ten.cpu_us_per_refusal(0.001), 6) == 30.0
+    assert ten.shed_share == 0.9
+    assert hundred.served_rps == 39.0
+    verdicts = overload.summarise(capacity, {"10x": ten, "100x": hundred}, rss_growth_mib=2.0)
+    assert [met for met, _ in verdicts] == [False, True, False, True]
+    assert "6.00 ms" in verdicts[0][1]
+    assert "97.5%" in verdicts[1][1]
+    assert "60.0 µs" in verdicts[2][1]

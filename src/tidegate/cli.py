@@ -59,9 +59,11 @@ def _mount() -> None:
     from tidegate.lab.cli import lab_app
     from tidegate.ops.admin_client import admin_app
     from tidegate.ops.cli import check_app, eval_command
+    from tidegate.ops.keys_cli import keys_app
     from tidegate.ops.loadtest import loadtest_command
     from tidegate.ops.models import models_command
     from tidegate.ops.readiness import readiness_command
+    from tidegate.ops.spend import spend_command
 
     app.add_typer(check_app, name="check", help="Offline checks: environments, timeouts, rollback.")
     app.add_typer(
@@ -71,7 +73,11 @@ def _mount() -> None:
     app.command("loadtest")(loadtest_command)
     app.command("models")(models_command)
     app.command("readiness")(readiness_command)
+    app.command("spend")(spend_command)
     app.add_typer(admin_app, name="admin", help="Talk to a running gateway's admin API.")
+    app.add_typer(
+        keys_app, name="keys", help="Virtual API keys: create, list, show, rotate, revoke."
+    )
 
 
 _mount()

@@ -15,7 +15,10 @@
     ├── ProviderError               a provider failed; ``kind`` says how (see PROVIDER_ERROR_TABLE)
     ├── RequestError                the caller's request cannot be served as sent
     │   ├── InvalidRequest          400  invalid_request        malformed JSON, a bad field or header
+    │   ├── ContextLengthExceeded   400  context_length_exceeded the prompt fits no provider's window
     │   ├── Unauthenticated         401  invalid_api_key        no key, or a key we do not know
+    │   │   ├── KeyRevoked          401  key_revoked            the key was revoked
+    │   │   └── KeyExpired          401  key_expired            the key expired (or was rotated)
     │   ├── Forbidden               403  forbidden              the key may not use this model or action
     │   ├── ModelNotFound           404  model_not_found        no route for the requested model
     │   ├── NotFound                404  not_found              no such path, or no such admin object
@@ -55,6 +58,7 @@ __all__ = [
     "BulkheadFull",
     "CircuitOpen",
     "ConfigError",
+    "ContextLengthExceeded",
     "DeadlineExceeded",
     "DeadlineUnmeetable",
     "ErrorSpec",
@@ -64,6 +68,8 @@ __all__ = [
     "IdempotencyConflict",
     "IdempotencyMismatch",
     "InvalidRequest",
+    "KeyExpired",
+    "KeyRevoked",
     "MethodNotAllowed",
     "ModelNotFound",
     "NotFound",
@@ -258,8 +264,26 @@ class InvalidRequest(RequestError):
     code = "invalid_request"
 
 
+class ContextLengthExceeded(RequestError):
+    """The prompt and ``max_tokens`` exceed every route provider's known context window."""
+
+    code = "context_length_exceeded"
+
+
 class Unauthenticated(RequestError):
     code = "invalid_api_key"
+
+
+class KeyRevoked(Unauthenticated):
+    """A known key that an operator revoked."""
+
+    code = "key_revoked"
+
+
+class KeyExpired(Unauthenticated):
+    """A known key past its expiry, or a rotated key past its grace period."""
+
+    code = "key_expired"
 
 
 class Forbidden(RequestError):
@@ -388,7 +412,14 @@ ERROR_TABLE: Final[Mapping[str, ErrorSpec]] = {
     "invalid_request": ErrorSpec(
         400, T.INVALID_REQUEST, False, "malformed JSON, a bad field or header"
     ),
+    "context_length_exceeded": ErrorSpec(
+        400, T.INVALID_REQUEST, False, "the prompt and max_tokens fit no provider's context window"
+    ),
     "invalid_api_key": ErrorSpec(401, T.AUTHENTICATION, False, "missing or unknown API key"),
+    "key_revoked": ErrorSpec(401, T.AUTHENTICATION, False, "the API key was revoked"),
+    "key_expired": ErrorSpec(
+        401, T.AUTHENTICATION, False, "the API key expired, or was rotated and its grace ended"
+    ),
     "forbidden": ErrorSpec(403, T.PERMISSION, False, "the key may not use this model or action"),
     "model_not_found": ErrorSpec(404, T.NOT_FOUND, False, "no route for the requested model"),
     "not_found": ErrorSpec(404, T.NOT_FOUND, False, "no such path, or no such admin object"),

@@ -90,6 +90,10 @@ def secret_overrides(config_path: Path, folder: Path) -> dict[str, str]:
         keys = folder / "keys.yaml"
         keys.write_text(yaml.safe_dump(KEYS), encoding="utf-8")
         env["TIDEGATE_AUTH__KEYS_FILE"] = str(keys)
+    if (raw.get("auth") or {}).get("admin_keys_file"):
+        admin = folder / "admin-keys.yaml"
+        admin.write_text(yaml.safe_dump({"keys": [{"id": "oncall", "sha256": "1" * 64}]}))
+        env["TIDEGATE_AUTH__ADMIN_KEYS_FILE"] = str(admin)
     for name, provider in raw["providers"].items():
         if provider.get("api_key_file"):
             secret = folder / f"{name}-api-key"

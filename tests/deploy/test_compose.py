@@ -17,6 +17,7 @@ from tests.deploy.conftest import (
     COMPOSE_CONFIG,
     COMPOSE_FILE,
     DEPLOY,
+    NGINX_CONF,
     ROOT,
     SECRET_NAME,
     load_with_secrets,
@@ -91,7 +92,11 @@ def test_config_and_secrets_are_mounted_as_files(compose: dict[str, Any]) -> Non
     for name in GATEWAYS:
         service = compose["services"][name]
         assert "./deploy/compose/tidegate.yaml:/etc/tidegate/tidegate.yaml:ro" in service["volumes"]
-        assert set(service["secrets"]) == {"tidegate_keys", "tidegate_pgpass"}
+        assert set(service["secrets"]) == {
+            "tidegate_keys",
+            "tidegate_admin_keys",
+            "tidegate_pgpass",
+        }
     for name, service in compose["services"].items():
         for key, value in (service.get("environment") or {}).items():
             if SECRET_NAME.search(key):
@@ -162,6 +167,40 @@ def test_nginx_waits_longer_than_the_gateway(tmp_path: Path) -> None:
     config = load_with_secrets(COMPOSE_CONFIG, tmp_path)
     (read,) = nginx_directive("proxy_read_timeout")
     assert seconds(read) > config.server.request_timeout_s
+
+
+#: The admin key of the local stack, as docs/deploy.md gives it.
+LOCAL_ADMIN_KEY = "tg-compose-local-admin-key-not-a-secret"
+
+
+def test_the_admin_port_is_published_on_the_host_loopback_only(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """The gateways have an admin listener and an admin key from a compose secret; only
+    gateway-1's admin port is published, on 127.0.0.1; nothing else of a gateway is."""
+    config = load_with_secrets(COMPOSE_CONFIG, tmp_path)
+    raw = yaml.safe_load(COMPOSE_CONFIG.read_text(encoding="utf-8"))
+    assert config.server.admin_port is not None
+    assert config.server.admin_port != config.server.port
+    assert raw["auth"]["admin_keys_file"] == "/run/secrets/tidegate_admin_keys"
+    assert compose["services"]["gateway-1"]["ports"] == [
+        f"127.0.0.1:9090:{config.server.admin_port}"
+    ]
+    assert "ports" not in compose["services"]["gateway-2"]
+    for name, service in compose["services"].items():
+        for published in service.get("ports", []):
+            assert str(published).startswith("127.0.0.1:"), name
+    keys = yaml.safe_load((DEPLOY / "compose/admin-keys.yaml").read_text(encoding="utf-8"))["keys"]
+    assert [k["sha256"] for k in keys] == [hashlib.sha256(LOCAL_ADMIN_KEY.encode()).hexdigest()]
+    assert LOCAL_ADMIN_KEY in (ROOT / "docs/deploy.md").read_text(encoding="utf-8")
+
+
+def test_nginx_refuses_the_admin_paths_at_the_public_entrance() -> None:
+    """/admin/*, /console and /v1/actions are answered 404 by nginx itself; no server of nginx
+    proxies to a gateway's admin port."""
+    text = NGINX_CONF.read_text(encoding="utf-8")
+    assert "location ~ ^/(admin|console|v1/actions)(/|$) {\n            return 404;" in text
+    assert ":9090" not in text
 
 
 def test_the_timeout_check_passes_on_the_compose_stack() -> None:

@@ -53,7 +53,8 @@ def test_every_metric_named_is_one_the_gateway_serves(doc: Path) -> None:
 
 
 def _request_log_fields() -> set[str]:
-    """The keys of the fields the gateway passes to ``self._log_request({...})``."""
+    """The keys of the fields the gateway passes to ``self._log_request({...})`` (the dict may
+    be named on the way: ``fields := {...}``)."""
     tree = ast.parse(_text(ROOT / "src" / "tidegate" / "gateway" / "app.py"))
     for node in ast.walk(tree):
         if (
@@ -61,9 +62,12 @@ def _request_log_fields() -> set[str]:
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "_log_request"
             and node.args
-            and isinstance(node.args[0], ast.Dict)
         ):
-            return {str(k.value) for k in node.args[0].keys if isinstance(k, ast.Constant)}
+            fields = node.args[0]
+            if isinstance(fields, ast.NamedExpr):
+                fields = fields.value
+            if isinstance(fields, ast.Dict):
+                return {str(k.value) for k in fields.keys if isinstance(k, ast.Constant)}
     raise AssertionError("no request log call in gateway/app.py")
 
 

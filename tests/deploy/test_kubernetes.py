@@ -122,7 +122,7 @@ def test_config_and_secrets_are_mounted_as_files_never_env(
 def test_every_secret_file_the_config_names_is_in_the_secret(gateway: dict[str, Any]) -> None:
     """Each *_file path in the config lies under the Secret's mount and is a key of the Secret."""
     raw = yaml.safe_load(PRODUCTION_CONFIG.read_text(encoding="utf-8"))
-    paths = [raw["auth"]["keys_file"]]
+    paths = [raw["auth"]["keys_file"], raw["auth"]["admin_keys_file"]]
     paths += [p["api_key_file"] for p in raw["providers"].values() if "api_key_file" in p]
     mount = _mount_path(gateway, "secrets")
     declared = set(by_kind("Secret")["stringData"])
@@ -197,6 +197,30 @@ def test_the_load_balancer_waits_longer_than_a_request(config: Config) -> None:
     read = float(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"])
     assert read > config.server.request_timeout_s
     assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+
+
+def test_the_admin_port_is_reachable_inside_the_cluster_only(
+    gateway: dict[str, Any], config: Config
+) -> None:
+    """The admin listener (with an admin keys file) is a named container port the ClusterIP
+    Service reaches; the Ingress routes to the public port alone; Prometheus scrapes the
+    admin port, where /metrics is."""
+    assert config.auth.admin_keys_file is not None
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports["admin"] == config.server.admin_port != config.server.port
+    assert config.server.admin_host == "0.0.0.0"
+    service = by_kind("Service")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "admin"}
+    admin_port = next(p["port"] for p in service["spec"]["ports"] if p["targetPort"] == "admin")
+    for rule in by_kind("Ingress")["spec"]["rules"]:
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]["port"]
+            assert backend.get("name") == "http"
+            assert backend.get("number") != admin_port
+    annotations = by_kind("Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert config.server.admin_metrics
+    assert annotations["prometheus.io/port"] == str(config.server.admin_port)
 
 
 def test_kustomization_applies_every_manifest_but_the_secret_template() -> None:

@@ -341,13 +341,16 @@ PRIMARY_CONTEXT_MESSAGE = (
 
 
 def _context_config(route: Sequence[str]) -> Callable[[RunningUpstream], dict[str, Any]]:
-    """A primary with a small window and fallbacks with a smaller, an unknown and a larger one."""
+    """A primary with a small window and fallbacks with a smaller, an unknown and a larger one.
+
+    Every known window holds the prompt's estimate, so the check before sending lets each
+    provider through: what fails over here is the provider's own context_length refusal."""
 
     def config(up: RunningUpstream) -> dict[str, Any]:
         return {
             "providers": {
-                "primary": openai_provider(up, PRIMARY, context_window=8),
-                "small": openai_provider(up, "small-model", context_window=4),
+                "primary": openai_provider(up, PRIMARY, context_window=200),
+                "small": openai_provider(up, "small-model", context_window=100),
                 "unknown": openai_provider(up, "unknown-model"),
                 "big": openai_provider(up, "big-model", context_window=1000),
             },

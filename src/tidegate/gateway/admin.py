@@ -14,6 +14,8 @@ GET      /admin/breakers                   each provider's breaker
 GET      /admin/admission                  queue depths, in-flight, refusals by class
 GET      /admin/rollouts[/{route}]         each canary's state, share and windows
 POST     /admin/rollouts/{route}/ACTION    start, pause, resume, abort, or evaluate now
+*        /admin/keys[/{id}[/ACTION]]       virtual API keys (:mod:`tidegate.gateway.keys`)
+GET      /admin/spend[/rows]               the spend ledger by group, or its rows (spend_api)
 POST     /v1/actions                       ``{"kind", "payload", "ttl_s", "who"}``: propose
 GET      /v1/actions/{id}                  one action as it stands
 POST     /v1/actions/{id}/approve|reject   ``{"who"}``: decide it, exactly once
@@ -48,7 +50,9 @@ from tidegate.gateway.http import (
     send_error,
     send_json,
 )
+from tidegate.gateway.keys import handle_keys, is_keys_path
 from tidegate.gateway.runtime import Runtime
+from tidegate.gateway.spend_api import handle_spend, is_spend_path
 from tidegate.policy.flags import ANSWER_MODE, KillSwitchMode
 from tidegate.state.actions import ActionAlreadyDecided, ActionNotFound
 from tidegate.state.actions import ActionExpired as StoreActionExpired
@@ -78,7 +82,13 @@ async def handle_admin(rt: Runtime, scope: Scope, receive: Receive, send: Send) 
             )
         headers = request_headers(scope)
         operator = rt.admin_keys.identify(headers.get("authorization"))
-        status, body = await _route(rt, scope, receive, headers, operator)
+        if is_spend_path(scope["path"]):  # the spend ledger: JSON or CSV (spend_api)
+            await handle_spend(rt.stores.ledger, rt.clock.wall(), scope, send)
+            return
+        if is_keys_path(scope["path"]):  # virtual keys (gateway.keys)
+            status, body = await handle_keys(rt, scope, receive, headers, operator)
+        else:
+            status, body = await _route(rt, scope, receive, headers, operator)
         await send_json(send, status, body)
     except TidegateError as error:
         await send_error(send, error)

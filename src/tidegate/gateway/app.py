@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Unpack
 
+import orjson
 import structlog
 
 from tidegate import __version__
@@ -21,10 +22,12 @@ from tidegate.errors import (
     MethodNotAllowed,
     ModelNotFound,
     NotFound,
+    QueueFull,
     StoreError,
     TidegateError,
 )
 from tidegate.gateway.admin import handle_admin, is_admin_path
+from tidegate.gateway.admin_server import AdminApp, moved_to_admin
 from tidegate.gateway.auth import KeyRing
 from tidegate.gateway.canary import take_step
 from tidegate.gateway.config import Config, resolve
@@ -40,6 +43,7 @@ from tidegate.gateway.http import (
     send_error,
     send_json,
 )
+from tidegate.gateway.keys import sync_keys
 from tidegate.gateway.logsink import configure_logging, flush_logs, log_request
 from tidegate.gateway.openapi import OPENAPI
 from tidegate.gateway.pipeline import (
@@ -50,8 +54,9 @@ from tidegate.gateway.pipeline import (
     identify,
     new_request_id,
 )
-from tidegate.gateway.pipeline.dialect import send_dialect_error
-from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits
+from tidegate.gateway.pipeline.dialect import OPENAI, Dialect, render_error, send_dialect_error
+from tidegate.gateway.pipeline.messages import ANTHROPIC
+from tidegate.gateway.protocol import ADMIN_STATE_KEY, STATE_KEY, ConnectionLimits, Door, Shed
 from tidegate.gateway.runtime import (
     Overrides,
     Runtime,
@@ -61,6 +66,8 @@ from tidegate.gateway.runtime import (
     refresh_verdicts,
 )
 from tidegate.gateway.watch import DisconnectWatches
+from tidegate.gateway.worker_metrics import SharedMetrics, start_sharing
+from tidegate.state.keys import KEYS_NOTICE
 from tidegate.state.notify import WatchableFlagStore
 
 __all__ = ["Gateway"]
@@ -71,6 +78,8 @@ log = structlog.get_logger("tidegate")
 POST_ROUTES: dict[str, Handler] = ENDPOINTS
 #: How often each replica reloads the shared flags: a kill switch reaches all within a second.
 FLAG_REFRESH_S = 0.25
+#: The door's refusals are logged in one line a second at most, with how many there were.
+SHED_LOG_EVERY_S = 1.0
 #: Eval-gate verdicts change rarely: reload them every 20 flag rounds (5 s).
 VERDICT_REFRESH_ROUNDS = 20
 
@@ -132,6 +141,17 @@ class Gateway:
         self._drain_timer: asyncio.TimerHandle | None = None
         #: Writes the request's log line; start-up sets the cheapest writer the logging allows.
         self._log_request: Callable[[dict[str, Any]], None] = log_request
+        #: The admin listener's app (``server.admin_port``): then this port has no admin API,
+        #: and the GET paths it took over (/metrics) answer 404 here.
+        self.admin = AdminApp(self, config.server) if config.server.admin_port is not None else None
+        moved = moved_to_admin(config.server)
+        self._get_routes = {
+            p: (Gateway.not_here if p in moved else h) for p, h in GET_ROUTES.items()
+        }
+        self._shared_metrics: SharedMetrics | None = None
+        #: Requests refused at the door since its last log line, and when the next may be.
+        self._shed_unlogged = 0
+        self._shed_log_at = 0.0
 
     # ------------------------------------------------------------------ lifespan
 
@@ -140,6 +160,7 @@ class Gateway:
         if self.runtime is None:
             self.runtime = await build_runtime(self.config, self.config_path, **self._overrides)
         self._endpoints = endpoints(self.runtime)
+        self._shared_metrics = start_sharing(self.runtime)
         if self.tune_gc:
             tune_gc()
         loop = asyncio.get_running_loop()
@@ -159,12 +180,16 @@ class Gateway:
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         self._watches.close()
+        if self._shed_unlogged:
+            self._log_shed()
         for task in (self._refresher, self._controller):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self.runtime is not None:
+            if self._shared_metrics is not None:
+                await self._shared_metrics.stop()
             await close_runtime(self.runtime)
         flush_logs()
 
@@ -181,6 +206,7 @@ class Gateway:
         while True:
             await rt.sleep(FLAG_REFRESH_S)
             await refresh_flags(rt)
+            await sync_keys(rt)
             await expire_leases(rt)
             rounds += 1
             if rounds % VERDICT_REFRESH_ROUNDS == 0:
@@ -193,9 +219,11 @@ class Gateway:
             try:
                 async with flags.watch() as changes:
                     await refresh_flags(rt)  # what changed while not subscribed
+                    await sync_keys(rt, changed=True)
                     while True:
-                        await changes.next(FLAG_REFRESH_S)
+                        notice = await changes.next(FLAG_REFRESH_S)
                         await refresh_flags(rt)
+                        await sync_keys(rt, changed=notice == KEYS_NOTICE)
                         await expire_leases(rt)
                         rounds += 1
                         if rounds % VERDICT_REFRESH_ROUNDS == 0:
@@ -236,7 +264,9 @@ class Gateway:
         except ConfigError as exc:
             log.error("keys_reload_failed", error=exc.message, keys_kept=len(rt.keys))
             return
-        rt.keys = keys
+        rt.keys, _ = keys.with_store(
+            rt.keys.store_part(), rt.keys.store_version, wall=rt.clock.wall
+        )
         log.info("keys_reloaded", keys=len(keys), file=str(keys_file), note=_RESTART_NOTE)
 
     def begin_drain(self) -> None:
@@ -259,6 +289,49 @@ class Gateway:
         if ended:
             log.warning("drain_ended", requests_ended=ended)
 
+    # ------------------------------------------------------------------ the door
+
+    def door(self) -> Door:
+        """The open-requests guard the connections apply (``server.max_open_requests``): its
+        refusals rendered once, in each API's shape, and how each is counted."""
+        limit = self.door_limit
+        error = QueueFull(
+            f"the process holds its limit of {limit} open requests (server.max_open_requests)",
+            policy="server",
+            retry_after=1.0,
+        )
+        return Door(limit, _shed(OPENAI, error), _shed(ANTHROPIC, error), self._count_shed)
+
+    def _count_shed(self, messages: bool) -> None:
+        """A request refused at the door: counted as the app counts a refusal (no identity, no
+        route), and logged in one aggregated line a second at most (the first at once)."""
+        rt = self.runtime
+        assert rt is not None, "the door is opened once the runtime is built"
+        metrics = rt.metrics
+        metrics.requests.labels("-", "-", "-", QueueFull.code).inc()
+        metrics.refusals.labels("-", QueueFull.code).inc()
+        self._shed_unlogged += 1
+        if rt.clock.now() >= self._shed_log_at:
+            self._log_shed()
+
+    def _log_shed(self) -> None:
+        rt = self.runtime
+        assert rt is not None
+        log.warning(
+            "requests_shed_at_door",
+            refused=self._shed_unlogged,
+            outcome=QueueFull.code,
+            status=503,
+            max_open_requests=self.door_limit,
+        )
+        self._shed_unlogged = 0
+        self._shed_log_at = rt.clock.now() + SHED_LOG_EVERY_S
+
+    @property
+    def door_limit(self) -> int:
+        admission = self.config.admission
+        return self.config.server.max_open_requests or 2 * (admission.slots + admission.queue_cap)
+
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
@@ -271,8 +344,11 @@ class Gateway:
                     return
                 if "state" in scope:  # what uvicorn hands every connection it makes
                     scope["state"][STATE_KEY] = ConnectionLimits.from_config(
-                        self.config.server, self.begin_drain
+                        self.config.server, self.begin_drain, self.door()
                     )
+                    if self.admin is not None:
+                        port = self.config.server.admin_port
+                        scope["state"][ADMIN_STATE_KEY] = (port, self.admin)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()
@@ -294,10 +370,10 @@ class Gateway:
         method: str = scope["method"]
         if method == "POST" and path in POST_ROUTES:  # first: nearly every request is one
             await self._model_call(rt, self._endpoints[path], scope, receive, send)
-        elif is_admin_path(path):
+        elif is_admin_path(path) and self.admin is None:
             await handle_admin(rt, scope, receive, send)
-        elif method == "GET" and path in GET_ROUTES:
-            await GET_ROUTES[path](self, rt, scope, send)
+        elif method == "GET" and path in self._get_routes:
+            await self._get_routes[path](self, rt, scope, send)
         elif method == "GET" and path.startswith(MODEL_PATH):
             await self.model(rt, path[len(MODEL_PATH) :], scope, send)
         else:
@@ -358,7 +434,7 @@ class Gateway:
                 klass = identity.priority if identity else "-"
                 metrics.refusals.labels(klass, ex.outcome).inc()
             self._log_request(
-                {
+                fields := {
                     "request_id": ex.request_id,
                     "route": ex.route,
                     "tenant": identity.tenant if identity else None,
@@ -376,8 +452,13 @@ class Gateway:
                     "duration_s": round(elapsed, 4),
                 }
             )
+            rt.ledger.record(fields, ex)  # the spend ledger's row, from the line's fields
 
     # ------------------------------------------------------------------ GET routes
+
+    async def not_here(self, rt: Runtime, scope: Scope, send: Send) -> None:
+        """A path the admin listener serves instead of this port (``server.admin_port``)."""
+        await send_error(send, NotFound(f"no route {scope['path']}"))
 
     async def healthz(self, rt: Runtime, scope: Scope, send: Send) -> None:
         await send_json(send, 200, {"status": "ok"})
@@ -433,6 +514,13 @@ class Gateway:
             await send_error(send, error)
             return
         await send_json(send, 200, _model_object(alias))
+
+
+def _shed(dialect: Dialect, error: QueueFull) -> Shed:
+    """``error`` in ``dialect``, rendered once, as the door sends it."""
+    status, body, extra, _ = render_error(dialect, error)
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+    return Shed.of(status, orjson.dumps(body), headers)
 
 
 async def _refuse_path(method: str, path: str, send: Send) -> None:

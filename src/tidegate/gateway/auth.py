@@ -16,6 +16,11 @@ Keys file (YAML)::
         data_class: internal          # what providers may see this caller's data
         models: ["chat-default"]      # allowed aliases; "*" for all
 
+Virtual keys made with ``tidegate keys`` (or ``/admin/keys``) live in the durable store
+(:mod:`tidegate.gateway.keys`); the ring holds both, the file's and the store's, and a store key
+may carry its own rate limit, daily budget and expiry. A revoked or expired key is still found
+(so the caller learns which: ``key_revoked``, ``key_expired``), then refused.
+
 The admin keys file (``auth.admin_keys_file``) has the same digests with an ``id`` each, and
 nothing else: an admin key names an operator, for the audit history, and opens the admin API.
 """
@@ -24,16 +29,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
+from typing import Final
 from urllib.parse import quote
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tidegate.errors import ConfigError, Forbidden, Unauthenticated
+from tidegate.clock import SystemClock
+from tidegate.errors import ConfigError, Forbidden, KeyExpired, KeyRevoked, Unauthenticated
+from tidegate.policy.budget import BudgetOptions
+from tidegate.policy.ratelimit import BucketOptions
 
 __all__ = ["AdminKeys", "Identity", "KeyRing", "hash_key"]
 
@@ -41,6 +51,17 @@ __all__ = ["AdminKeys", "Identity", "KeyRing", "hash_key"]
 def hash_key(key: str) -> str:
     """The digest stored in a keys file for ``key``."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _by_wildcard(models: frozenset[str], model: str) -> bool:
+    """Whether a ``"<prefix>/*"`` entry of ``models`` covers ``model``."""
+    prefix, slash, rest = model.partition("/")
+    while slash and rest:
+        if prefix + "/*" in models:
+            return True
+        head, slash, rest = rest.partition("/")
+        prefix = f"{prefix}/{head}"
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +82,33 @@ class Identity:
     #: the key id: a caller's retry still replays while its key is being rotated. Both names are
     #: quoted, so no two (tenant, user) pairs share a prefix.
     idempotency_scope: str = field(init=False, repr=False, compare=False)
+    #: The key's own rate limit (a bucket of its own, on top of the user's and the tenant's).
+    rate_limit: BucketOptions | None = None
+    #: The key's own daily budget, instead of the deployment's per-user one (subject
+    #: ``@key:<id>``).
+    budget: BudgetOptions | None = None
+    #: When the key stops working (Unix seconds; ``-inf`` once revoked), and why: ``revoked``,
+    #: ``expired`` or ``rotated``. None: it never does.
+    lapses_at: float | None = None
+    lapse: str = ""
+    #: The key's own bucket: ``key:<id>``.
+    key_bucket: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_bucket", f"user:{self.tenant}:{self.user}")
         object.__setattr__(self, "tenant_bucket", f"tenant:{self.tenant}")
-        object.__setattr__(self, "budget_subject", f"{self.tenant}:{self.user}")
+        own = f"@key:{quote(self.key_id, safe='')}"
+        subject = own if self.budget is not None else f"{self.tenant}:{self.user}"
+        object.__setattr__(self, "budget_subject", subject)
+        object.__setattr__(self, "key_bucket", f"key:{quote(self.key_id, safe='')}")
         object.__setattr__(
             self, "idempotency_scope", f"{quote(self.tenant, safe='')}:{quote(self.user, safe='')}:"
         )
 
     def may_use(self, model: str) -> bool:
-        return "*" in self.models or model in self.models
+        """A listed alias, any with ``"*"``, or a wildcard alias's model (``"openai/*"`` lets
+        the key use ``openai/gpt-4o-mini``)."""
+        return "*" in self.models or model in self.models or _by_wildcard(self.models, model)
 
 
 class _KeyEntry(BaseModel):
@@ -92,15 +129,62 @@ class _KeysFile(BaseModel):
     keys: tuple[_KeyEntry, ...]
 
 
+#: What tells a key ring the time when it is given nothing else.
+_SYSTEM_WALL: Final = SystemClock().wall
+
+
+def _lapsed(identity: Identity) -> Unauthenticated:
+    if identity.lapse == "revoked":
+        return KeyRevoked(f"API key {identity.key_id!r} was revoked")
+    if identity.lapse == "rotated":
+        return KeyExpired(f"API key {identity.key_id!r} was rotated: use its new secret")
+    return KeyExpired(f"API key {identity.key_id!r} expired")
+
+
 class KeyRing:
-    """Digest -> identity, built once at start-up."""
+    """Digest -> identity: the keys file's (read at start-up and on SIGHUP) and the store's
+    (:meth:`with_store`, each time the key store changed). ``wall`` tells when a key lapses."""
 
     _PREFIX = 16
 
-    def __init__(self, identities: Mapping[str, Identity]) -> None:
+    def __init__(
+        self, identities: Mapping[str, Identity], *, wall: Callable[[], float] = _SYSTEM_WALL
+    ) -> None:
         self._by_prefix: dict[str, tuple[str, Identity]] = {}
+        self._wall = wall
+        #: The keys file's part, kept so that the store's part can be replaced on its own.
+        self.file_identities: dict[str, Identity] = dict(identities)
+        #: The store's change counter the store part was read at (-1: not read), and when this
+        #: process last asked (its monotonic clock).
+        self.store_version = -1
+        self.checked_at = -math.inf
+        self.store_size = 0
         for digest, identity in identities.items():
             self._put(digest, identity)
+
+    def with_store(
+        self, identities: Mapping[str, Identity], version: int, *, wall: Callable[[], float]
+    ) -> tuple[KeyRing, list[str]]:
+        """A ring of this one's file keys and ``identities`` (the store's, read at ``version``),
+        and the ids of store keys left out (one whose digest prefix another key has)."""
+        ring = KeyRing(self.file_identities, wall=wall)
+        ring.store_version, ring.checked_at = version, self.checked_at
+        skipped = []
+        for digest, identity in identities.items():
+            if digest[: self._PREFIX] in ring._by_prefix:
+                skipped.append(identity.key_id)
+                continue
+            ring._put(digest, identity)
+            ring.store_size += 1
+        return ring, skipped
+
+    def store_part(self) -> dict[str, Identity]:
+        """The store's keys in this ring, by digest (to carry over into a reloaded file's ring)."""
+        return {
+            digest: identity
+            for digest, identity in self._by_prefix.values()
+            if digest not in self.file_identities
+        }
 
     def _put(self, digest: str, identity: Identity) -> None:
         prefix = digest[: self._PREFIX]
@@ -137,7 +221,9 @@ class KeyRing:
         return cls(ring)
 
     def add(self, key: str, identity: Identity) -> None:
-        self._put(hash_key(key), identity)
+        digest = hash_key(key)
+        self._put(digest, identity)
+        self.file_identities[digest] = identity
 
     def __len__(self) -> int:
         return len(self._by_prefix)
@@ -154,6 +240,8 @@ class KeyRing:
         stored, identity = self._by_prefix.get(digest[: self._PREFIX], ("", None))
         if identity is None or not hmac.compare_digest(stored, digest):
             raise Unauthenticated("unknown API key")
+        if identity.lapses_at is not None and identity.lapses_at <= self._wall():
+            raise _lapsed(identity)
         return identity
 
     @staticmethod

@@ -26,6 +26,7 @@ from tidegate.gateway.config import Config, ProviderConfig, resolve
 from tidegate.gateway.degraded import Corpus
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
+from tidegate.gateway.upstreams import needs_own_instance, upstream_configs
 from tidegate.policy.admission import AdmissionOptions
 from tidegate.policy.breaker import (
     BreakerEvent,
@@ -345,10 +346,16 @@ def build_provider(
 def providers_from(
     config: Config, config_path: Path, session: aiohttp.ClientSession, clock: SystemClock
 ) -> dict[str, Provider]:
-    """Every configured provider, by name."""
+    """Every configured provider, by name, and every upstream of a type that calls the model it
+    was built for (``<name>/<model>``: :mod:`tidegate.gateway.upstreams`)."""
+    configs = {
+        name: cfg
+        for name, cfg in upstream_configs(config).items()
+        if name in config.providers or needs_own_instance(cfg)
+    }
     return {
         name: build_provider(name, cfg, session=session, config_path=config_path, clock=clock)
-        for name, cfg in config.providers.items()
+        for name, cfg in configs.items()
     }
 
 

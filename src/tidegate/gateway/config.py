@@ -39,6 +39,7 @@ __all__ = [
     "DegradedConfig",
     "FlagConfig",
     "IdempotencyConfig",
+    "LedgerConfig",
     "LoggingConfig",
     "OutputConfig",
     "Price",
@@ -61,9 +62,16 @@ __all__ = [
 
 ENV_PREFIX = "TIDEGATE_"
 #: TIDEGATE_* variables that are not config overrides: the config path for worker processes, the
-#: git sha the image build bakes in (served at /version), and the admin client's settings.
+#: git sha the image build bakes in (served at /version), the admin client's settings, and the
+#: folder where worker processes share their metrics (set by ``tidegate serve --workers N``).
 NOT_OVERRIDES = frozenset(
-    {"TIDEGATE_CONFIG", "TIDEGATE_GIT_SHA", "TIDEGATE_ADMIN_URL", "TIDEGATE_ADMIN_KEY_FILE"}
+    {
+        "TIDEGATE_CONFIG",
+        "TIDEGATE_GIT_SHA",
+        "TIDEGATE_ADMIN_URL",
+        "TIDEGATE_ADMIN_KEY_FILE",
+        "TIDEGATE_METRICS_DIR",
+    }
 )
 SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "password", "secret", "token", "keys"})
 
@@ -100,6 +108,21 @@ class ServerConfig(_Strict):
     body_timeout_s: PositiveFloat = 30.0
     #: An idle keep-alive connection is closed after this (uvicorn's own default).
     keep_alive_s: PositiveFloat = 5.0
+    #: Requests the process holds at once before a model request is refused at the connection
+    #: (see ``gateway.protocol.Door``); None: twice admission's places (slots + queue_cap).
+    max_open_requests: PositiveInt | None = None
+    #: A second listener, in the same process, for the admin API, the console and (with
+    #: ``admin_metrics``) /metrics; the public port then answers 404 for them. None: the admin
+    #: API stays on the public port and there is no console. 0 picks a free port.
+    admin_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    admin_host: str = "127.0.0.1"
+    admin_metrics: bool = True
+
+    @model_validator(mode="after")
+    def _admin_port_is_another(self) -> ServerConfig:
+        if self.admin_port is not None and self.admin_port != 0 and self.admin_port == self.port:
+            raise ValueError("server.admin_port must differ from server.port")
+        return self
 
 
 class AuthConfig(_Strict):
@@ -135,11 +158,20 @@ PROVIDER_TYPES = ("openai", "anthropic", "azure_openai", "bedrock", "gemini", "f
 ONE_CHOICE_TYPES = frozenset({"anthropic", "bedrock"})
 #: Types that need ``base_url``; the others have a default endpoint (or run in-process).
 NEEDS_BASE_URL = frozenset({"openai", "anthropic", "azure_openai"})
+#: In a provider's ``models``: any model id; ending a route alias (``"openai/*"``): pass through.
+ANY_MODEL = "*"
+WILDCARD_SUFFIX = "/*"
+#: Types whose provider sends each request's ``model`` (one instance serves all its models);
+#: the others call the model they were built for.
+BODY_MODEL_TYPES = frozenset({"openai", "anthropic", "gemini", "fake"})
 
 
 class ProviderConfig(_Strict):
     type: Literal["openai", "anthropic", "azure_openai", "bedrock", "gemini", "fake"]
     model: str
+    #: More model ids the provider serves (each with its own breaker: ``<name>/<model>``); ``"*"``
+    #: serves any id a ``"<prefix>/*"`` route passes through (docs/providers.md).
+    models: tuple[Annotated[str, Field(min_length=1)], ...] = ()
     base_url: str | None = None
     api_key_file: Path | None = None
     data_classes: tuple[str, ...] = ("public", "internal", "confidential")
@@ -158,8 +190,24 @@ class ProviderConfig(_Strict):
     #: its auth and its request-field rules (docs/providers/presets.md).
     preset: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_from_models(cls, data: Any) -> Any:
+        """Without ``model``, the first id ``models`` lists is the provider's own."""
+        if isinstance(data, dict) and "model" not in data and isinstance(data.get("models"), list):
+            listed = [m for m in data["models"] if m != ANY_MODEL]
+            if listed:
+                data = {**data, "model": listed[0]}
+        return data
+
+    def serves(self, model: str) -> bool:
+        """Whether a request may reach this provider with ``model`` (``"*"``: any id)."""
+        return model == self.model or model in self.models or ANY_MODEL in self.models
+
     @model_validator(mode="after")
     def _needs_base_url(self) -> ProviderConfig:
+        if ANY_MODEL in self.models and self.type not in BODY_MODEL_TYPES:
+            raise ValueError(f"'models: [\"*\"]' is not for type {self.type!r}: it calls one model")
         default_url = self._check_preset()
         if self.type in NEEDS_BASE_URL and not (self.base_url or default_url):
             raise ValueError(f"a provider of type {self.type!r} needs base_url")
@@ -314,6 +362,13 @@ class TracingConfig(_Strict):
     sample_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0
 
 
+class LedgerConfig(_Strict):
+    enabled: bool = True
+    batch_rows: PositiveInt = 500
+    flush_s: PositiveFloat = 1.0
+    retention_days: PositiveInt | None = 90
+
+
 class LoggingConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -346,6 +401,7 @@ class Config(_Strict):
     output: OutputConfig = OutputConfig()
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
+    ledger: LedgerConfig = LedgerConfig()
     flags: tuple[FlagConfig, ...] = ()
     default_data_class: str = "internal"
 
@@ -356,8 +412,9 @@ class Config(_Strict):
                 [] if route.canary is None else [route.canary.baseline, route.canary.candidate]
             )
             extra = [n for v in versions for n in (v.providers or ())]
+            _check_wildcard(alias, route, self.providers)
             for name in (*route.providers, *extra):
-                if name not in self.providers:
+                if not names_upstream(self.providers, name):
                     raise ValueError(
                         f"models.{alias}.providers names {name!r}, which is not under providers"
                     )
@@ -365,6 +422,31 @@ class Config(_Strict):
         if degrade is not None and degrade not in self.models:
             raise ValueError(f"budgets.degrade.model names {degrade!r}, which is not under models")
         return self
+
+
+def names_upstream(providers: Mapping[str, ProviderConfig], name: str) -> bool:
+    """Whether a route's ``name`` is a provider, or ``<provider>/<model>`` of a model it lists."""
+    if name in providers:
+        return True
+    return any(
+        name.startswith(base + "/") and name[len(base) + 1 :] in cfg.models
+        for base, cfg in providers.items()
+    )
+
+
+def _check_wildcard(
+    alias: str, route: RouteConfig, providers: Mapping[str, ProviderConfig]
+) -> None:
+    """A ``"<prefix>/*"`` alias names bare providers and has no canary."""
+    if ANY_MODEL not in alias:
+        return
+    if not alias.endswith(WILDCARD_SUFFIX) or alias.count(ANY_MODEL) > 1:
+        raise ValueError(f"models.{alias}: a wildcard alias ends with '/*' (like 'openai/*')")
+    if route.canary is not None:
+        raise ValueError(f"models.{alias}: a wildcard alias cannot have a canary")
+    for name in route.providers:
+        if name not in providers:
+            raise ValueError(f"models.{alias}.providers: {name!r} is not a provider's name")
 
 
 # --------------------------------------------------------------------------- loading

@@ -7,7 +7,7 @@ bounded sets (route aliases, provider names, classes, outcome codes), never ids.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import prometheus_client
@@ -146,6 +146,10 @@ class LoopCounter(_LoopFamily):
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
+    def items(self) -> list[tuple[tuple[str, ...], float]]:
+        """Each child's label values (as strings) and count, in this process."""
+        return [(key, child.value) for key, child in self._children.items()]
+
     def collect(self) -> Iterable[Metric]:
         family = self._family()
         for key, child in self._children.items():
@@ -193,6 +197,11 @@ class LoopHistogram(_LoopFamily):
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
+    def totals(self) -> tuple[int, float]:
+        """The number and the sum of the observations of every child, in this process."""
+        children = list(self._children.values())
+        return sum(sum(c.counts) for c in children), sum(c.sum for c in children)
+
     def collect(self) -> Iterable[Metric]:
         family = self._family()
         for key, child in self._children.items():
@@ -218,6 +227,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        #: The exposition of every worker process's metrics together (set when they share).
+        self.merged: Callable[[], bytes] | None = None
         self._by_model: dict[str, tuple[Any, Any, Any]] = {}
         self._define_requests(self.registry)
         self._define_admission(self.registry)
@@ -368,4 +379,8 @@ class Metrics:
         return children
 
     def exposition(self) -> bytes:
+        """The text exposition: this process's, or every worker's merged when serving with
+        ``--workers N`` (:mod:`tidegate.gateway.worker_metrics` sets :attr:`merged`)."""
+        if self.merged is not None:
+            return self.merged()
         return generate_latest(self.registry)

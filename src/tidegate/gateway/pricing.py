@@ -21,6 +21,7 @@ from tidegate.gateway.config import (
     catalogue_entry,
     unpriced_providers,
 )
+from tidegate.gateway.upstreams import upstream_configs
 
 __all__ = [
     "context_window_of",
@@ -35,9 +36,10 @@ log = structlog.get_logger("tidegate")
 
 
 def effective_prices(config: Config) -> dict[str, Price]:
-    """Each model's price: the config's entry, else its catalogue entry's (by model id)."""
+    """Each model's price: the config's entry, else its catalogue entry's (by model id); the
+    models a provider lists under ``models`` are priced each as its own."""
     prices = dict(config.prices)
-    for provider in config.providers.values():
+    for provider in upstream_configs(config).values():
         if provider.model in prices:
             continue
         entry = catalogue_entry(provider)

@@ -18,6 +18,14 @@ adds what the app never sees, all before authentication:
 Idle keep-alive is uvicorn's own ``timeout_keep_alive`` (``server.keep_alive_s``). The protocol
 also tells the app when uvicorn begins its graceful shutdown (``ConnectionLimits.on_drain``).
 
+It also guards the process itself (:class:`Door`): a model request (``POST /v1/...``) whose head
+completes while the process already holds ``server.max_open_requests`` requests is answered at
+once with a pre-rendered 503 ``queue_full`` (529 ``overloaded_error`` on ``/v1/messages``),
+before its body is read, without a request task, an ASGI cycle or any of the app's work; the
+connection stays open and the body is read past. The busier the process, the more of its
+refusals take this way, which costs a fraction of one the app decides: refusing gets cheaper,
+not slower, as the process saturates.
+
 The request path pays nothing per header, a clock read at the start of a kept-alive request's
 head and at the end of every head, and no task: the one timer of a connection is re-armed when
 it fires early, not on every request (a second handle only for a body that takes more than the
@@ -45,11 +53,22 @@ from uvicorn.server import ServerState
 
 from tidegate.errors import HeadersTooLarge, RequestTimeout, TidegateError, http_error
 from tidegate.gateway.config import ServerConfig
+from tidegate.ids import new_id
 
-__all__ = ["STATE_KEY", "ConnectionLimits", "GuardedHttpToolsProtocol"]
+__all__ = [
+    "ADMIN_STATE_KEY",
+    "STATE_KEY",
+    "ConnectionLimits",
+    "Door",
+    "GuardedHttpToolsProtocol",
+    "Shed",
+]
 
 #: The lifespan-state key under which the app leaves its :class:`ConnectionLimits`.
 STATE_KEY = "tidegate.connection_limits"
+#: The lifespan-state key under which the app leaves ``(port, app)`` of the admin listener: a
+#: connection accepted on that local port is served by that app (``gateway.admin_server``).
+ADMIN_STATE_KEY = "tidegate.admin_listener"
 
 #: What a header line adds to its name and value: ": " and CRLF.
 _LINE_OVERHEAD = 4
@@ -65,10 +84,15 @@ class ConnectionLimits:
     body_timeout_s: float
     #: Called (from the event loop) each time uvicorn asks a connection to close at shutdown.
     on_drain: Callable[[], None] | None = None
+    #: The open-requests guard (None: off).
+    door: Door | None = None
 
     @classmethod
     def from_config(
-        cls, server: ServerConfig, on_drain: Callable[[], None] | None = None
+        cls,
+        server: ServerConfig,
+        on_drain: Callable[[], None] | None = None,
+        door: Door | None = None,
     ) -> ConnectionLimits:
         return cls(
             server.max_header_count,
@@ -76,7 +100,73 @@ class ConnectionLimits:
             server.header_timeout_s,
             server.body_timeout_s,
             on_drain,
+            door,
         )
+
+
+def _head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+    # As uvicorn writes a status line: no phrase for a code http.HTTPStatus lacks (529).
+    try:
+        phrase = http.HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        phrase = b""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, phrase)]
+    lines += [name + b": " + value + b"\r\n" for name, value in headers]
+    return b"".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """One pre-rendered refusal: everything but the date and the request id."""
+
+    head: bytes
+    body: bytes
+
+    @classmethod
+    def of(cls, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> Shed:
+        fixed = [
+            *headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+        ]
+        return cls(_head(status, fixed), body)
+
+
+@dataclass(frozen=True, slots=True)
+class Door:
+    """The open-requests guard: past ``limit`` requests held by the process, a model request is
+    answered with ``openai`` (``messages`` on ``/v1/messages``) at the connection, and
+    ``counted`` is told (the app counts it in its metrics and its aggregated log line)."""
+
+    limit: int
+    openai: Shed
+    messages: Shed
+    counted: Callable[[bool], None] | None = None
+
+
+class _NoEvent:
+    def set(self) -> None:
+        return None
+
+
+class _ShedCycle:
+    """Stands in for the cycle of a request answered at the door: complete, so uvicorn's
+    parser callbacks read its body past and start the next request as usual."""
+
+    response_started = True
+    response_complete = True
+    keep_alive = True
+    disconnected = False
+    message_event = _NoEvent()
+
+
+_SHED_CYCLE: Any = _ShedCycle()
+_MESSAGES_PATH = b"/v1/messages"
+
+
+def _printable(value: bytes) -> bool:
+    """A caller's ``X-Request-ID`` the app would keep: 1-128 printable characters."""
+    return 0 < len(value) <= 128 and value.decode("latin-1").isprintable()
 
 
 #: Used when the app left no limits (it is not a Gateway, or the lifespan is off).
@@ -100,6 +190,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         limits: ConnectionLimits = app_state.get(STATE_KEY, DEFAULT_LIMITS)
         self.limits = limits
+        self._admin: tuple[int, Any] | None = app_state.get(ADMIN_STATE_KEY)
+        self._door = limits.door
         self._max_count = limits.max_header_count
         self._max_bytes = limits.max_header_bytes
         #: From the end of one request (or the connection's start) to the end of the next head.
@@ -120,6 +212,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Once per connection, never per request: the admin port's connections get its app.
+        if self._admin is not None and self.server is not None and self.server[1] == self._admin[0]:
+            self.app = self._admin[1]
         self._head_started = self.loop.time()
         self._timer = self.loop.call_at(
             self._head_started + self.limits.header_timeout_s, self._timed_out
@@ -187,12 +282,63 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._body_timed = False
         self._body_deadline = self.loop.time() + self.limits.body_timeout_s
+        door = self._door
+        if door is not None and len(self.tasks) >= door.limit and self._shed(door):
+            return
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_head = True
         self._head_read = 0
+        if self.cycle is _SHED_CYCLE and not self.transport.is_closing():
+            self.on_response_complete()  # the body is read past: keep-alive as after an answer
+
+    # ------------------------------------------------------------------ the door
+
+    def _shed(self, door: Door) -> bool:
+        """Answer a model request at the door, now (before its body); False: not one to shed
+        here (another method or path, an upgrade, an answer still being written before it)."""
+        if not self._sheddable():
+            return False
+        url = self.url
+        messages = url.startswith(_MESSAGES_PATH) and url[12:13] in (b"", b"?")
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        self.cycle = _SHED_CYCLE
+        self.transport.write(self._shed_answer(door.messages if messages else door.openai))
+        if not keep_alive:
+            self._cancel_timer()
+            self.transport.close()
+        if door.counted is not None:
+            door.counted(messages)
+        return True
+
+    def _sheddable(self) -> bool:
+        cycle: RequestResponseCycle | None = self.cycle
+        return (
+            self.url.startswith(b"/v1/")
+            and self.parser.get_method() == b"POST"
+            and (cycle is None or cycle.response_complete)
+            and not self.pipeline
+            and not self.parser.should_upgrade()
+        )
+
+    def _shed_answer(self, shed: Shed) -> bytes:
+        request_id = b""
+        for name, value in self.headers:  # the last one, as the app's header mapping keeps
+            if name == b"x-request-id":
+                request_id = value
+        if not _printable(request_id):
+            request_id = new_id().encode("ascii")
+        content = [shed.head]
+        for name, value in self.server_state.default_headers:
+            content += [name, b": ", value, b"\r\n"]
+        content += [b"x-request-id: ", request_id, b"\r\n"]
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        if not keep_alive:
+            content.append(b"connection: close\r\n")
+        content += [b"\r\n", shed.body]
+        return b"".join(content)
 
     # ------------------------------------------------------------------ limits
 

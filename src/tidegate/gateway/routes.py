@@ -2,18 +2,22 @@
 and how much it can read, and the time one attempt may take.
 
 Built once from the config's ``models`` section (and, for a canary whose versions name their own
-providers, once per version); the request path plans each request over these.
+providers, once per version); the request path plans each request over these. A wildcard alias
+(``"openai/*"``) becomes one route per model its providers list (``openai/gpt-4o-mini``), each
+reaching the upstreams that serve that model (:mod:`tidegate.gateway.upstreams`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidegate.gateway.config import Config
+from tidegate.gateway.config import Config, ProviderConfig
 from tidegate.gateway.pricing import context_window_of
+from tidegate.gateway.upstreams import upstream_configs, wildcard_aliases, wildcard_names
 from tidegate.policy.routing import ProviderSpec, RoutePlan, plan_route
 
-__all__ = ["PLANS_REMEMBERED", "Route", "routes_from", "version_routes_from"]
+__all__ = ["PLANS_REMEMBERED", "Route", "route_of", "routes_from", "version_routes_from"]
 
 #: Route plans a route remembers (combinations of data class, approved fallbacks and open
 #: breakers) before it forgets them all.
@@ -31,6 +35,16 @@ class Route:
     _plans: dict[tuple[str, frozenset[str], frozenset[str]], RoutePlan] = field(
         default_factory=dict, compare=False, repr=False
     )
+    #: The providers' names, in order (what the route step asks the breakers about).
+    names: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    #: The smallest context window known among the providers (``None``: none is known, and the
+    #: route step counts no prompt to fit one).
+    smallest_window: int | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        windows = [s.context_window for s in self.specs if s.context_window is not None]
+        object.__setattr__(self, "names", tuple(s.name for s in self.specs))
+        object.__setattr__(self, "smallest_window", min(windows) if windows else None)
 
     def limit(self, spec: ProviderSpec) -> float:
         """The time one attempt on the route may take (the same for each of its providers)."""
@@ -54,12 +68,15 @@ class Route:
         return known
 
 
-def _route(config: Config, alias: str, names: tuple[str, ...], per_try: float) -> Route:
+def route_of(
+    upstreams: Mapping[str, ProviderConfig], alias: str, names: tuple[str, ...], per_try: float
+) -> Route:
+    """The route of ``alias`` over these upstreams, in order."""
     specs = tuple(
         ProviderSpec(
             name,
-            frozenset(config.providers[name].data_classes),
-            context_window_of(config.providers[name]),
+            frozenset(upstreams[name].data_classes),
+            context_window_of(upstreams[name]),
         )
         for name in names
     )
@@ -67,17 +84,25 @@ def _route(config: Config, alias: str, names: tuple[str, ...], per_try: float) -
 
 
 def routes_from(config: Config) -> dict[str, Route]:
-    """Every alias's route."""
-    return {
-        alias: _route(config, alias, route.providers, route.per_try_timeout_s)
+    """Every alias's route, with those a wildcard alias makes of its providers' models."""
+    upstreams = upstream_configs(config)
+    routes = {
+        alias: route_of(upstreams, alias, route.providers, route.per_try_timeout_s)
         for alias, route in config.models.items()
+        if not alias.endswith("/*")
     }
+    for alias, route, model in wildcard_aliases(config):
+        names = wildcard_names(config, route, model)
+        routes[alias] = route_of(upstreams, alias, names, route.per_try_timeout_s)
+    return routes
 
 
 def version_routes_from(config: Config) -> dict[tuple[str, str], Route]:
     """The routes of canary versions that name their own providers, by (alias, version)."""
     return {
-        (alias, name): _route(config, alias, version.providers, route.per_try_timeout_s)
+        (alias, name): route_of(
+            upstream_configs(config), alias, version.providers, route.per_try_timeout_s
+        )
         for alias, route in config.models.items()
         if route.canary is not None
         for name, version in (

@@ -48,6 +48,8 @@ from tidegate.gateway.canary import Canary, canary_flag_specs
 from tidegate.gateway.config import Config, Price, ProviderConfig
 from tidegate.gateway.degraded import Corpus
 from tidegate.gateway.flags import refresh_flags
+from tidegate.gateway.keys import sync_keys
+from tidegate.gateway.ledger import LedgerOff, LedgerWriter, ledger_from
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.pricing import (
     effective_prices,
@@ -57,7 +59,9 @@ from tidegate.gateway.pricing import (
 )
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.gateway.routes import Route, routes_from, version_routes_from
+from tidegate.gateway.timing import warn_timeouts
 from tidegate.gateway.tracing import Tracing
+from tidegate.gateway.upstreams import expand_providers, upstream_configs
 from tidegate.policy.admission import AdmissionController, Ticket, TicketState
 from tidegate.policy.attempts import AttemptEvent, AttemptPolicy, RetryPlanned, RetryRefused
 from tidegate.policy.breaker import BreakerState, CircuitBreaker
@@ -186,9 +190,14 @@ class Runtime:
     fleet_flight: RedisSingleFlight | None = None
     fleet_retry_budget: RedisRetryBudgetCounter | None = None
     tracing: Tracing = field(default_factory=Tracing)
+    #: The spend ledger's writer (:mod:`tidegate.gateway.ledger`).
+    ledger: LedgerWriter | LedgerOff = field(default_factory=LedgerOff)
     #: Canary rollouts by route alias, and the routes of versions with their own providers.
     canaries: dict[str, Canary] = field(default_factory=dict)
     version_routes: dict[tuple[str, str], Route] = field(default_factory=dict)
+    #: Routes of models a wildcard alias passes through to a ``"*"`` provider, made on first use
+    #: (:mod:`tidegate.gateway.passthrough`).
+    passthrough: dict[str, Route] = field(default_factory=dict)
     #: Providers whose latest eval-gate verdict is ``block``: never an automatic fallback.
     blocked: frozenset[str] = frozenset()
     corpus: Corpus | None = None
@@ -254,6 +263,10 @@ class Runtime:
             }
             memo = self._approved_memo = (blocked, frozenset(approved))
         return memo[1]
+
+    def forget_approved(self) -> None:
+        """Work the approved fallbacks out again (an upstream was added)."""
+        self._approved_memo = None
 
     def ready_problems(self) -> list[str]:
         problems = [] if self.providers else ["no providers configured"]
@@ -327,6 +340,7 @@ async def build_runtime(
     """
     check_config_against_policies(config)
     warn_unpriced(config)
+    warn_timeouts(config)
     # Validate what can fail cheaply before opening anything.
     tracing = Tracing.from_config(config.tracing, provider=overrides.get("tracer_provider"))
     specs = flag_specs(config) + canary_flag_specs(config)
@@ -345,6 +359,8 @@ async def build_runtime(
         if session is None:
             session = upstream_session()
         providers = providers_from(config, config_path, session, system)
+    upstreams = upstream_configs(config)
+    providers = expand_providers(providers, upstreams)
     metrics = Metrics()
     runtime = Runtime(
         config=config,
@@ -355,7 +371,7 @@ async def build_runtime(
         keys=keys,
         stores=stores,
         providers=providers,
-        provider_configs=dict(config.providers),
+        provider_configs=upstreams,
         breakers=breakers_for(providers, config, clock, rng, metrics),
         routes=routes_from(config),
         version_routes=version_routes_from(config),
@@ -381,7 +397,9 @@ async def build_runtime(
         fleet_flight=fleet_flight_from(stores, config),
         admin_keys=admin_keys_from(config, config_path),
     )
+    runtime.ledger = ledger_from(stores.ledger, config.ledger, clock, runtime.sleep, metrics)
     await refresh_flags(runtime)
+    await sync_keys(runtime, changed=True)  # the store's virtual keys join the file's
     refresh_verdicts(runtime)
     runtime.refresh_breaker_metrics()
     return runtime
@@ -429,6 +447,7 @@ def refresh_verdicts(runtime: Runtime) -> None:
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    await runtime.ledger.close()  # the rows still buffered, before the stores close
     runtime.tracing.shutdown()
     if runtime.corpus is not None:
         runtime.corpus.close()

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config, load_config
 from tidegate.gateway.logsink import configure_logging, flush_logs
 from tidegate.gateway.protocol import GuardedHttpToolsProtocol
+from tidegate.gateway.worker_metrics import METRICS_DIR_ENV
 
 __all__ = ["app_from_env", "configure_logging", "flush_logs", "git_sha", "run"]
 
 CONFIG_ENV = "TIDEGATE_CONFIG"
+#: The admin port as bound, for the config of every process that serves (an override).
+ADMIN_PORT_ENV = "TIDEGATE_SERVER__ADMIN_PORT"
 
 
 def git_sha() -> str:
@@ -86,13 +97,64 @@ def run(
         # of them on every request.
         "proxy_headers": False,
     }
+    sockets = _bind_with_admin(config, host, port)
+    if sockets:
+        config = load_config(config_path)  # with the admin port as bound (see _bind_with_admin)
     _announce(config, config_path, host, port)
     if workers > 1:
         os.environ[CONFIG_ENV] = str(config_path.resolve())
-        uvicorn.run("tidegate.gateway.server:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+        with _shared_metrics_folder():
+            _serve(FACTORY, common, sockets, factory=True, workers=workers)
         return
     app = Gateway(config, config_path, git_sha=git_sha(), tune_gc=True, reload_on_sighup=True)
-    uvicorn.run(app, **common)  # type: ignore[arg-type]
+    _serve(app, common, sockets)
+
+
+#: What uvicorn's worker processes import and call for their app.
+FACTORY = "tidegate.gateway.server:app_from_env"
+
+
+def _bind_with_admin(config: Config, host: str, port: int) -> list[socket.socket]:
+    """With ``server.admin_port``: the public socket and the admin listener's, bound here (so
+    every worker serves both), and the admin port as bound in ``TIDEGATE_SERVER__ADMIN_PORT``
+    (so each worker's config names the port its connections arrive on, also for 0). Without
+    it, nothing: uvicorn binds the one socket itself."""
+    server = config.server
+    if server.admin_port is None:
+        return []
+    public = uvicorn.Config(Gateway, host=host, port=port, log_level="warning").bind_socket()
+    admin = uvicorn.Config(
+        Gateway, host=server.admin_host, port=server.admin_port, log_level="warning"
+    ).bind_socket()
+    os.environ[ADMIN_PORT_ENV] = str(admin.getsockname()[1])
+    return [public, admin]
+
+
+def _serve(app: Any, common: dict[str, Any], sockets: list[socket.socket], **more: Any) -> None:
+    """``uvicorn.run``, or its steps with the sockets bound here (one server on both)."""
+    if not sockets:
+        uvicorn.run(app, **common, **more)
+        return
+    config = uvicorn.Config(app, **common, **more)
+    if config.workers > 1:
+        Multiprocess(config, sockets=sockets).run()
+        return
+    server = uvicorn.Server(config)
+    server.run(sockets=sockets)
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
+
+
+@contextlib.contextmanager
+def _shared_metrics_folder() -> Iterator[None]:
+    """A private folder the workers share their metrics in (``gateway.worker_metrics``),
+    removed when the supervisor exits."""
+    folder = tempfile.mkdtemp(prefix="tidegate-metrics-")
+    os.environ[METRICS_DIR_ENV] = folder
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _announce(config: Config, config_path: Path, host: str, port: int) -> None:
@@ -100,6 +162,9 @@ def _announce(config: Config, config_path: Path, host: str, port: int) -> None:
     print(
         f"tidegate listening on {base} (profile {config.profile.value}, state {config.state.url})"
     )
+    if config.server.admin_port is not None:
+        admin = f"http://{config.server.admin_host}:{config.server.admin_port}"
+        print(f"admin listener on {admin} (the console at {admin}/console)")
     demo = config_path.parent / "demo-key.txt"
     if config.profile.value == "dev" and demo.is_file():
         key = demo.read_text(encoding="utf-8").strip()

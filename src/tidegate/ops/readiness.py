@@ -39,7 +39,7 @@ import math
 import re
 import shlex
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -652,7 +652,7 @@ class AsgiAnswer:
 
 
 async def asgi_request(
-    app: Gateway,
+    app: Callable[[Scope, Receive, Send], Awaitable[None]],
     method: str,
     path: str,
     body: bytes = b"",
@@ -790,7 +790,9 @@ async def _smoke(config: Config, config_path: Path, folder: Path) -> list[str]:
             problem = "streamed request: the stream did not end with data: [DONE]"
         if problem is not None:
             problems.append(problem)
-        metrics = await asgi_request(app, "GET", "/metrics")
+        # On the admin listener when the config puts it there (server.admin_metrics).
+        where = app.admin if app.admin is not None and smoke.server.admin_metrics else app
+        metrics = await asgi_request(where, "GET", "/metrics")
         if metrics.status != 200 or b"# TYPE" not in metrics.body:
             problems.append(f"/metrics: HTTP {metrics.status}, no Prometheus text")
     finally:

@@ -40,9 +40,9 @@ from pydantic import ValidationError
 
 from tidegate.errors import ConfigError
 from tidegate.gateway.config import Config, load_config
+from tidegate.gateway.timing import timeout_chains
 from tidegate.ops.findings import Finding, Rule, Severity, rule_table
 from tidegate.policy.deadline import Layer, chain_problems
-from tidegate.policy.retry import Jitter, RetryOptions, provider_layer
 
 __all__ = [
     "AWS_IDLE_TIMEOUT",
@@ -197,41 +197,13 @@ def load_timing_config(path: Path) -> tuple[Config | None, list[Finding]]:
         return None, [RULES["TMO001"].finding(refusal, str(path))]
 
 
-def _retry_policy(config: Config) -> RetryOptions:
-    r = config.retry
-    return RetryOptions(
-        attempts=r.attempts, base=r.base_s, factor=r.factor, cap=r.cap_s, jitter=Jitter(r.jitter)
-    )
-
-
 def gateway_chains(config: Config, where: str) -> list[list[Timed]]:
-    """The gateway's own layers, one chain per route and provider: request, stream, calls."""
-    policy = _retry_policy(config)
-    request = Timed(
-        Layer("gateway request", config.server.request_timeout_s),
-        f"{where} [server.request_timeout_s]",
-    )
-    chains: list[list[Timed]] = []
-    for alias, route in config.models.items():
-        attempts = config.retry.attempts
-        backoff = policy.worst_total_backoff()
-        calls = Timed(
-            provider_layer(
-                f"retrying calls of route {alias}", attempts, route.per_try_timeout_s, policy
-            ),
-            f"{where} [models.{alias}.per_try_timeout_s, retry]",
-            f"{attempts} tries x {route.per_try_timeout_s:g}s + {backoff:g}s worst backoff",
-        )
-        for name in route.providers:
-            stream = Timed(
-                Layer(
-                    f"stream limit of provider {name}",
-                    config.providers[name].stream.max_duration_s,
-                ),
-                f"{where} [providers.{name}.stream.max_duration_s]",
-            )
-            chains.append([request, stream, calls])
-    return chains
+    """The gateway's own layers, one chain per route and provider: request, stream, calls
+    (:func:`tidegate.gateway.timing.timeout_chains`, which start-up warns about too)."""
+    return [
+        [Timed(link.layer, f"{where} [{link.key}]", link.detail) for link in chain]
+        for chain in timeout_chains(config)
+    ]
 
 
 def check_chain(chain: Sequence[Timed]) -> list[Finding]:

@@ -12,6 +12,10 @@ lasting reason is the one reported:
    was released with);
 3. ``breaker_open``: the provider's circuit breaker is open.
 
+One more rule applies to one request after the plan is made: :func:`fit_context` skips the
+candidates whose known context window is smaller than the prompt plus ``max_tokens``
+(``context_window``).
+
 After a failed call, :data:`RULES` says what the error kind does: retry the same provider and then
 fail over, fail over at once, fail over only to a larger context window, or stop. A stop is the
 caller's own mistake or a verdict that another provider would repeat (bad request, auth, content
@@ -47,6 +51,7 @@ __all__ = [
     "Skip",
     "SkipReason",
     "describe_attempts",
+    "fit_context",
     "next_candidates",
     "plan_route",
     "retry_same",
@@ -71,6 +76,7 @@ class SkipReason(StrEnum):
     DATA_CLASS = "data_class"
     NOT_APPROVED = "not_approved"
     BREAKER_OPEN = "breaker_open"
+    CONTEXT_WINDOW = "context_window"
 
 
 class FailoverAction(StrEnum):
@@ -264,6 +270,24 @@ def plan_route(
         if on_event is not None:
             on_event(ProviderSkipped(provider.name, reason))
     return RoutePlan(tuple(candidates), tuple(skipped))
+
+
+def fit_context(plan: RoutePlan, needed: Callable[[ProviderSpec], int]) -> RoutePlan:
+    """``plan`` less the candidates whose known context window is smaller than what the request
+    needs of it (``needed(spec)``: its prompt as that provider counts it, plus ``max_tokens``),
+    each skipped as ``context_window`` after the plan's own skips. A candidate whose window is
+    unknown stays; ``needed`` is asked only of those with one."""
+    kept: list[ProviderSpec] = []
+    small: list[Skip] = []
+    for spec in plan.candidates:
+        window = spec.context_window
+        if window is not None and needed(spec) > window:
+            small.append(Skip(spec.name, SkipReason.CONTEXT_WINDOW))
+        else:
+            kept.append(spec)
+    if not small:
+        return plan
+    return RoutePlan(tuple(kept), (*plan.skipped, *small))
 
 
 def rule_for(kind: ProviderErrorKind, options: FailoverOptions = DEFAULT_FAILOVER_OPTIONS) -> Rule:

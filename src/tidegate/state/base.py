@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from tidegate.policy.budget import BudgetDecision, BudgetOptions, Cost, Reservation, Usage
 from tidegate.policy.ratelimit import BucketOptions, TakeResult
@@ -30,6 +30,10 @@ __all__ = [
     "ClaimOutcome",
     "FlagStore",
     "IdempotencyStore",
+    "KeyAudit",
+    "KeyConflict",
+    "KeyRecord",
+    "KeyStore",
     "QuotaStore",
     "StoredResponse",
 ]
@@ -151,4 +155,101 @@ class QuotaStore(Protocol):
 
     async def usage(self, subject: str) -> Usage:
         """Today's use for ``subject``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyRecord:
+    """One virtual API key as the durable store keeps it: the SHA-256 digest, never the key.
+
+    ``rate_limit`` is ``{"rate_per_s", "burst"}`` and ``budget`` ``{"calls", "tokens",
+    "cost_usd"}`` (each optional), both the key's own, on top of (rate limit) or instead of
+    (budget) the deployment's per-user ones. Times are Unix seconds. ``previous_sha256`` is the
+    digest a rotation replaced, accepted until ``previous_until``. ``revision`` counts the writes:
+    :meth:`KeyStore.put` compares and sets it.
+    """
+
+    id: str
+    sha256: str
+    tenant: str
+    user: str
+    priority: str = "standard"
+    data_class: str = "internal"
+    models: tuple[str, ...] = ("*",)
+    rate_limit: dict[str, float] | None = None
+    budget: dict[str, float] | None = None
+    expires_at: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    created_by: str = ""
+    revoked_at: float | None = None
+    revoked_by: str | None = None
+    previous_sha256: str | None = None
+    previous_until: float | None = None
+    revision: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON values."""
+        return {name: getattr(self, name) for name in _KEY_FIELDS} | {"models": list(self.models)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KeyRecord:
+        """The record :meth:`to_json` wrote (fields a later release added are left out)."""
+        known = {name: data[name] for name in _KEY_FIELDS if name in data}
+        known["models"] = tuple(known.get("models", ("*",)))
+        return cls(**known)
+
+
+_KEY_FIELDS: Final = tuple(KeyRecord.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyAudit:
+    """One change of one key: ``action`` (create, update, rotate, revoke), by whom, why, when,
+    and ``detail``: the fields it set (never a key or a digest)."""
+
+    key_id: str
+    action: str
+    who: str
+    why: str
+    at: float
+    detail: dict[str, Any]
+
+
+class KeyConflict(Exception):
+    """:meth:`KeyStore.put` found another revision than the one expected (0: no such key)."""
+
+    def __init__(self, key_id: str, *, expected: int, current: int) -> None:
+        super().__init__(f"key {key_id!r} is at revision {current}, not {expected}")
+        self.key_id = key_id
+        self.expected = expected
+        self.current = current
+
+
+class KeyStore(Protocol):
+    """Virtual API keys and their audit history, in the durable store.
+
+    Every write is one atomic step: the record (compare-and-set on its revision), its audit
+    record, the store's change counter and, where the backend has them, a change notice
+    (:data:`tidegate.state.keys.KEYS_NOTICE` on the flags' channel).
+    """
+
+    async def put(self, record: KeyRecord, *, expected_revision: int, audit: KeyAudit) -> KeyRecord:
+        """Write ``record`` if the key is at ``expected_revision`` (0: create a new key), else
+        ``KeyConflict``; append ``audit`` (its ``at`` is the store's time). The stored record,
+        its ``revision`` moved on by one."""
+        ...
+
+    async def get(self, key_id: str) -> KeyRecord | None: ...
+
+    async def all(self) -> list[KeyRecord]:
+        """Every key, revoked and expired ones included, by id."""
+        ...
+
+    async def version(self) -> int:
+        """How many writes the store has seen: a cheap test of whether anything changed."""
+        ...
+
+    async def history(self, key_id: str | None = None, *, limit: int = 100) -> list[KeyAudit]:
+        """Audit records, newest first."""
         ...

@@ -147,6 +147,18 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
             updated_at double precision NOT NULL);
         """,
     ),
+    (
+        "virtual api keys",
+        """
+        CREATE TABLE api_keys (
+            id text PRIMARY KEY, revision bigint NOT NULL, data text NOT NULL);
+        CREATE TABLE api_key_audit (
+            seq bigserial PRIMARY KEY, key_id text NOT NULL, action text NOT NULL,
+            who text NOT NULL, why text NOT NULL, at double precision NOT NULL,
+            detail text NOT NULL);
+        CREATE INDEX api_key_audit_key ON api_key_audit (key_id, seq);
+        """,
+    ),
 )
 
 _DRIVER_ERRORS = (psycopg.Error, OSError, TimeoutError)

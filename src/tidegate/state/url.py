@@ -41,8 +41,11 @@ from tidegate.state.base import (
     CacheStore,
     FlagStore,
     IdempotencyStore,
+    KeyStore,
     QuotaStore,
 )
+from tidegate.state.keys import MemoryKeyStore, SQLiteKeyStore
+from tidegate.state.ledger import LedgerStore, MemoryLedgerStore, SQLiteLedgerStore
 from tidegate.state.memory import (
     MemoryBucketStore,
     MemoryCacheStore,
@@ -107,6 +110,8 @@ class _Backend:
     flags: FlagStore
     actions: PendingActionStore
     rollout: RolloutStore
+    ledger: LedgerStore = field(default_factory=MemoryLedgerStore)
+    keys: KeyStore = field(default_factory=MemoryKeyStore)
     ping: Callable[[], Awaitable[None]] = _nothing
     close: Callable[[], Awaitable[None]] = _nothing
     batch: Callable[[], AbstractContextManager[None]] = nullcontext
@@ -125,6 +130,7 @@ def _memory(url: str, clock: Clock) -> _Backend:
         flags=MemoryFlagStore(clock),
         actions=MemoryPendingActionStore(clock),
         rollout=MemoryRolloutStore(clock),
+        keys=MemoryKeyStore(clock),
     )
 
 
@@ -146,6 +152,8 @@ def _sqlite(url: str, clock: Clock, timeout_s: float) -> _Backend:
         flags=SQLiteFlagStore(db, clock),
         actions=SQLitePendingActionStore(db, clock),
         rollout=SQLiteRolloutStore(db, clock),
+        keys=SQLiteKeyStore(db, clock),
+        ledger=SQLiteLedgerStore(db),
         ping=ping,
         close=close,
         batch=db.batch,
@@ -156,6 +164,8 @@ def _sqlite(url: str, clock: Clock, timeout_s: float) -> _Backend:
 def _redis(url: str, clock: Clock | None, timeout_s: float) -> _Backend:
     # Imported here so that a process without the redis extra can still use the other backends.
     from tidegate.state import redis as r
+    from tidegate.state.ledger_remote import RedisLedgerStore
+    from tidegate.state.redis_keys import RedisKeyStore
 
     db = r.RedisDatabase(url, timeout_s=timeout_s)
     return _Backend(
@@ -167,6 +177,8 @@ def _redis(url: str, clock: Clock | None, timeout_s: float) -> _Backend:
         flags=r.RedisFlagStore(db, clock),
         actions=r.RedisPendingActionStore(db, clock),
         rollout=r.RedisRolloutStore(db, clock),
+        keys=RedisKeyStore(db, clock),
+        ledger=RedisLedgerStore(db),
         ping=db.ping,
         close=db.aclose,
         redis=db,
@@ -175,8 +187,16 @@ def _redis(url: str, clock: Clock | None, timeout_s: float) -> _Backend:
 
 async def _postgres(url: str, clock: Clock | None, timeout_s: float) -> _Backend:
     from tidegate.state import postgres as p
+    from tidegate.state.ledger_remote import PostgresLedgerStore
+    from tidegate.state.postgres_keys import PostgresKeyStore
 
     db = await p.PostgresDatabase.connect(url, timeout_s=timeout_s)
+    ledger = PostgresLedgerStore(db)
+    try:
+        await ledger.open()
+    except BaseException:
+        await db.aclose()
+        raise
     return _Backend(
         url=url,
         buckets=p.PostgresBucketStore(db, clock),
@@ -186,6 +206,8 @@ async def _postgres(url: str, clock: Clock | None, timeout_s: float) -> _Backend
         flags=p.PostgresFlagStore(db, clock),
         actions=p.PostgresPendingActionStore(db, clock),
         rollout=p.PostgresRolloutStore(db, clock),
+        keys=PostgresKeyStore(db, clock),
+        ledger=ledger,
         ping=db.ping,
         close=db.aclose,
         postgres=db,
@@ -230,6 +252,10 @@ class Stores:
     flags: FlagStore
     actions: PendingActionStore
     rollout: RolloutStore
+    #: The spend ledger, in the durable backend (:mod:`tidegate.state.ledger`).
+    ledger: LedgerStore = field(default_factory=MemoryLedgerStore)
+    #: Virtual API keys, in the durable backend (:class:`~tidegate.state.base.KeyStore`).
+    keys: KeyStore = field(default_factory=MemoryKeyStore)
     #: The durable backend's URL, with any password redacted.
     durable_url: str
     #: The fast backend's URL, with any password redacted.
@@ -346,6 +372,8 @@ async def store_from_urls(
         flags=first.flags,
         actions=first.actions,
         rollout=first.rollout,
+        ledger=first.ledger,
+        keys=first.keys,
         durable_url=redact(first.url),
         fast_url=redact(second.url),
         redis=second.redis or first.redis,

@@ -1,4 +1,5 @@
-"""Step 4, budget: a daily budget per user on calls, tokens and cost. The estimate is reserved
+"""Step 4, budget: a daily budget per user on calls, tokens and cost (or the key's own, for a
+virtual key that has one: :attr:`~tidegate.gateway.auth.Identity.budget`). The estimate is reserved
 on entry (a few requests at a time: :mod:`tidegate.state.leases`), settled at what was spent or
 refunded by the settle step; near the quota the request is degraded (a cheaper model, a lower
 ``max_tokens``), past it refused (429 until the next UTC midnight). A store that does not answer
@@ -20,7 +21,11 @@ from tidegate.gateway.pipeline.steps import Outcome
 from tidegate.policy.budget import BudgetDecision, BudgetVerdict, Cost
 from tidegate.state.base import DONE
 
-__all__ = ["reserve_chat", "reserve_embeddings"]
+__all__ = ["DEFAULT_MAX_TOKENS", "reserve_chat", "reserve_embeddings"]
+
+#: A chat request's completion estimate without ``max_tokens`` when only a key has a budget
+#: (``budgets.default_max_tokens`` otherwise).
+DEFAULT_MAX_TOKENS = 1024
 
 
 def reserve_chat(request: Request) -> Outcome:
@@ -29,16 +34,17 @@ def reserve_chat(request: Request) -> Outcome:
     (the usual case: no store call and, once nothing decided so far awaits its commit, no
     coroutine), else from the store."""
     rt, body = request.rt, request.body
-    budgets = rt.config.budgets
-    if budgets is not None:
-        max_tokens = body.get("max_tokens") or budgets.default_max_tokens
+    options = request.identity.budget or rt.budget
+    if options is not None:
+        budgets = rt.config.budgets
+        default = budgets.default_max_tokens if budgets is not None else DEFAULT_MAX_TOKENS
+        max_tokens = body.get("max_tokens") or default
         completion = max_tokens * request.choices
         count, input_per_1k, output_per_1k = rt.reserve_meters[request.route.specs[0].name]
         prompt = count(body)
         cost = (prompt * input_per_1k + completion * output_per_1k) / 1000.0  # as price() does
         estimate = Cost(calls=1, tokens=prompt + completion, cost=cost)
-        assert rt.budget is not None  # made from config.budgets
-        drawn = rt.stores.reserve_now(request.identity.budget_subject, rt.budget, estimate)
+        drawn = rt.stores.reserve_now(request.identity.budget_subject, options, estimate)
         if drawn is None:
             return _reserve_chat(request, estimate, max_tokens)
         request.reservation = drawn
@@ -56,7 +62,7 @@ async def _reserve_chat(request: Request, estimate: Cost, max_tokens: int) -> bo
 async def reserve_embeddings(request: Request) -> bool:
     """Reserve an embeddings call: its input's tokens (as the primary's counter counts them)."""
     rt = request.rt
-    if rt.budget is not None:
+    if request.identity.budget is not None or rt.budget is not None:
         primary = request.route.specs[0].name
         tokens = rt.input_counters[primary](request.body["input"])
         model = rt.model_ids[primary]
@@ -67,11 +73,12 @@ async def reserve_embeddings(request: Request) -> bool:
 async def _reserve(request: Request, estimate: Cost) -> BudgetDecision:
     """Hold ``estimate`` for the request's subject; a block is refused here."""
     rt = request.rt
-    assert rt.budget is not None
+    options = request.identity.budget or rt.budget
+    assert options is not None
     with rt.stores.batch():  # committed with the rate limit's (see _committed)
         try:
             reservation, decision = await rt.stores.quotas.reserve(
-                request.identity.budget_subject, rt.budget, estimate
+                request.identity.budget_subject, options, estimate
             )
         except StoreError:
             rt.metrics.store_errors.labels("quotas", "fail_closed").inc()
@@ -91,9 +98,10 @@ def _degrade(request: Request, max_tokens: int) -> None:
     """Near the quota: a lower ``max_tokens`` or a cheaper model, as configured."""
     rt, ex = request.rt, request.ex
     budgets = rt.config.budgets
-    assert budgets is not None  # rt.budget is made from it
     rt.metrics.budget_degraded.inc()
     ex.budget = "degraded"
+    if budgets is None:  # a key's own budget, and no deployment budget saying how to degrade
+        return
     if budgets.degrade.max_tokens is not None:
         request.body["max_tokens"] = min(max_tokens, budgets.degrade.max_tokens)
     if budgets.degrade.model is not None:

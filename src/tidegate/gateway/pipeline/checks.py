@@ -44,7 +44,9 @@ MAX_INTEGER = 2**31 - 1
 
 def validate_chat(body: dict[str, Any]) -> int:
     """Refuse a body the gateway cannot route or budget; returns the completions asked for."""
-    model_of(body)
+    model = body.get("model")  # as model_of() checks it, without the call
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' must be a non-empty string")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list")

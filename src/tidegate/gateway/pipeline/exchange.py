@@ -37,6 +37,8 @@ class Exchange:
     first_token_s: float | None = None
     #: Set once the request is settling: a disconnect from then on cancels nothing.
     settling: bool = False
+    #: Set as it settles: its budget reservation is settled, not refunded (the spend ledger).
+    billed: bool = False
     #: The canary version that served (``baseline`` or ``candidate``), when the route has one.
     version: str = ""
     #: A truncated answer, or not the JSON the request asked for (judged by the canary gate).

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from tidegate.errors import ModelNotFound
 from tidegate.gateway.auth import Identity
+from tidegate.gateway.passthrough import passthrough_route
 from tidegate.gateway.pipeline.checks import (
     check_choices,
     check_embeddings_options,
@@ -48,8 +49,11 @@ def _known(request: Request, alias: str) -> None:
     assert identity is not None
     request.identity = identity
     route = rt.routes.get(alias)
-    if route is None:  # the alias is the caller's text: never a metric label (ex.route stays -)
-        raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
+    if route is None:
+        # A wildcard alias's model no provider lists (its listed ones are routes already).
+        route = passthrough_route(rt, alias)
+        if route is None:  # the caller's text: never a metric label (ex.route stays -)
+            raise ModelNotFound(f"no model named {alias!r}; GET /v1/models lists them")
     request.alias = ex.route = alias
     rt.keys.authorize(identity, alias)
     request.route = route

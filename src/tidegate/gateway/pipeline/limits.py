@@ -1,4 +1,5 @@
-"""Step 3, rate limit: a token bucket per user and one per tenant, in the shared store (taken a
+"""Step 3, rate limit: a token bucket per user and one per tenant (and one per virtual key that
+has a limit of its own: :mod:`tidegate.gateway.keys`), in the shared store (taken a
 few requests at a time: :mod:`tidegate.state.leases`). A refusal is 429 with ``Retry-After`` and
 the IETF ``RateLimit`` / ``RateLimit-Policy`` headers; a store that does not answer fails open to
 a bucket in this process, counted and logged."""
@@ -25,6 +26,7 @@ def rate_limit(request: Request) -> Outcome:
     rt, identity = request.rt, request.identity
     take_now = rt.stores.take_now
     levels = (
+        (identity.rate_limit, identity.key_bucket, "per-key"),
         (rt.user_bucket, identity.user_bucket, "per-user"),
         (rt.tenant_bucket, identity.tenant_bucket, "per-tenant"),
     )

@@ -28,6 +28,7 @@ def settle_shielded(request: Request) -> Awaitable[None]:
     """
     ex = request.ex
     ex.settling = True
+    ex.billed = request.served
     if _settled_now(request):
         return DONE
     task = ex.task or asyncio.current_task()
