@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager
-from typing import Any, cast
+from types import TracebackType
+from typing import Any, Protocol, cast
 
 import pytest
 
@@ -533,7 +533,20 @@ async def test_after_a_rebuild_a_live_entry_still_expires() -> None:
 # --------------------------------------------------------------------------- same as asyncio
 
 
-TimeoutAt = Callable[[float | None], AbstractAsyncContextManager[object]]
+class _AsyncBlock(Protocol):
+    """What ``async with`` needs: asyncio's Timeout (coroutines) and ours (ready awaitables)."""
+
+    def __aenter__(self) -> Awaitable[object]: ...
+
+    def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Awaitable[bool | None]: ...
+
+
+TimeoutAt = Callable[[float | None], _AsyncBlock]
 
 
 async def _scenario_expiry(at: TimeoutAt, past: float) -> list[str]:

@@ -3,19 +3,41 @@ thread, as ``tidegate serve`` runs it with ``server.admin_port``."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+import yaml
 
-from tests.gateway.harness import write_config
+from tests.gateway.harness import serving, write_config
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import load_config
 from tidegate.gateway.protocol import GuardedHttpToolsProtocol
+
+
+def admin_auth(tmp_path: Path, key: str) -> dict[str, str]:
+    """Write ``admin.yaml`` holding the digest of the admin key ``key`` (its name: oncall); the
+    config's ``auth`` section that reads it."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    (tmp_path / "admin.yaml").write_text(
+        yaml.safe_dump({"keys": [{"id": "oncall", "sha256": digest}]}), encoding="utf-8"
+    )
+    return {"keys_file": "keys.yaml", "admin_keys_file": "admin.yaml"}
+
+
+def prompt_flag() -> dict[str, Any]:
+    """The flag the admin tests read and change: the system prompt template in use."""
+    return {
+        "name": "prompt.version",
+        "type": "str",
+        "default": "v1",
+        "description": "the system prompt template in use",
+        "choices": ["v1", "v2"],
+    }
 
 
 def _bound() -> socket.socket:
@@ -36,26 +58,15 @@ def two_sockets(tmp_path: Path, raw: dict[str, Any]) -> Iterator[tuple[str, str,
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            http=GuardedHttpToolsProtocol,  # type: ignore[arg-type]
+            http=GuardedHttpToolsProtocol,
             loop="asyncio",
             lifespan="on",
             log_level="warning",
         )
     )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [public, admin]}, daemon=True)
-    thread.start()
-    pause = threading.Event()
-    for _ in range(500):
-        if server.started or not thread.is_alive():
-            break
-        pause.wait(0.01)
-    assert server.started, "the gateway did not start"
-    try:
+    with serving(server, sockets=[public, admin]):
         yield (
             f"http://127.0.0.1:{public.getsockname()[1]}",
             f"http://127.0.0.1:{admin_port}",
             app,
         )
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

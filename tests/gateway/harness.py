@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,19 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
 
 
 def fake(text: str = "hello there", **script: Any) -> dict[str, Any]:
-    """A fake provider section answering ``text``."""
+    """A fake provider section answering ``text``, approved as an automatic fallback by the
+    config (the tests' fallbacks have no eval verdict; :func:`unvetted` takes the approval off)."""
     return {
         "type": "fake",
         "model": script.pop("model", "fake-1"),
+        "approved_fallback": True,
         "fake": {"text": text, **script},
     }
+
+
+def unvetted(section: dict[str, Any]) -> dict[str, Any]:
+    """A provider section without the config's fallback approval: its eval verdict decides."""
+    return {k: v for k, v in section.items() if k != "approved_fallback"}
 
 
 @contextmanager
@@ -95,7 +102,16 @@ def running_gateway(
             access_log=False,
         )
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    with serving(server):
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}", app
+
+
+@contextmanager
+def serving(server: uvicorn.Server, **run: Any) -> Iterator[None]:
+    """``server`` running in a thread (``run``: the arguments of its ``run``) until the block
+    ends; it has started when the block begins."""
+    thread = threading.Thread(target=server.run, kwargs=run, daemon=True)
     thread.start()
     pause = threading.Event()
     for _ in range(500):
@@ -103,9 +119,8 @@ def running_gateway(
             break
         pause.wait(0.01)
     assert server.started, "the gateway did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", app
+        yield
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -215,7 +230,7 @@ def serving_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[ServedPr
 
 @asynccontextmanager
 async def in_process_gateway(
-    tmp_path: Path, config: dict[str, Any], handlers: dict[str, Callable[[Any, int], Any]]
+    tmp_path: Path, config: dict[str, Any], handlers: Mapping[str, Callable[[Any, int], Any]]
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
     """The gateway app in this task (no socket) on a manual clock, each provider a
     :class:`FakeProvider` answering with its handler, and a client sending the test key."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
+from tests.gateway.admin_harness import admin_auth, prompt_flag
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import fake
 
@@ -20,23 +19,11 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    digest = hashlib.sha256(ADMIN.encode()).hexdigest()
-    (tmp_path / "admin.yaml").write_text(
-        yaml.safe_dump({"keys": [{"id": "oncall", "sha256": digest}]})
-    )
     return {
-        "auth": {"keys_file": "keys.yaml", "admin_keys_file": "admin.yaml"},
+        "auth": admin_auth(tmp_path, ADMIN),
         "providers": {"p": fake("hi", model="m-1")},
         "models": {"chat": {"providers": ["p"]}},
-        "flags": [
-            {
-                "name": "prompt.version",
-                "type": "str",
-                "default": "v1",
-                "description": "the system prompt template in use",
-                "choices": ["v1", "v2"],
-            }
-        ],
+        "flags": [prompt_flag()],
         **extra,
     }
 

@@ -106,6 +106,47 @@ def test_production_refuses_unpinned_model_ids(tmp_path: Path) -> None:
     assert load_config(_write(tmp_path, data), env={}).profile.value == "production"
 
 
+def test_production_refuses_a_fallback_override_without_a_reason(tmp_path: Path) -> None:
+    """approved_fallback: true is an override of the eval verdict: production wants the reason,
+    and names the key to set; with approved_fallback_reason the same config starts."""
+    (tmp_path / "keys.yaml").write_text("keys: []\n", encoding="utf-8")
+    base = {"type": "openai", "base_url": "http://x/v1"}
+    backup: dict[str, Any] = {**base, "model": "m-2026-02", "approved_fallback": True}
+    data = {
+        "profile": "production",
+        "auth": {"keys_file": "keys.yaml"},
+        "rate_limits": {"per_user": {"rate_per_s": 1, "burst": 5}},
+        "budgets": {"calls": 100},
+        "state": {"url": "postgresql://db/tidegate"},
+        "providers": {"p": {**base, "model": "m-2026-01"}, "backup": backup},
+        "models": {"chat": {"providers": ["p", "backup"]}},
+    }
+    with pytest.raises(ConfigError) as caught:
+        load_config(_write(tmp_path, data), env={})
+    assert "set providers.backup.approved_fallback_reason" in str(caught.value)
+    backup["approved_fallback_reason"] = "the same model on a second account"
+    config = load_config(_write(tmp_path, data), env={})
+    assert config.providers["backup"].approved_fallback_reason == (
+        "the same model on a second account"
+    )
+    backup["approved_fallback"] = False  # taking a provider out needs no reason
+    del backup["approved_fallback_reason"]
+    assert (
+        load_config(_write(tmp_path, data), env={}).providers["backup"].approved_fallback is False
+    )
+
+
+def test_a_fallback_reason_needs_an_explicit_approval(tmp_path: Path) -> None:
+    """approved_fallback_reason alone explains nothing: the provider's eval verdict decides."""
+    data = {
+        **MINIMAL,
+        "providers": {"p": {"type": "fake", "model": "m", "approved_fallback_reason": "why"}},
+    }
+    with pytest.raises(ConfigError, match="explains an explicit approved_fallback"):
+        load_config(_write(tmp_path, data), env={})
+    assert load_config(_write(tmp_path, MINIMAL), env={}).providers["p"].approved_fallback is None
+
+
 def test_environment_overrides_are_validated_too(tmp_path: Path) -> None:
     """TIDEGATE_SERVER__PORT sets server.port; a misspelt override is named like a key."""
     path = _write(tmp_path, MINIMAL)

@@ -5,7 +5,6 @@ kill switch end to end, through its confirm step. The page's screenshot is check
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -14,9 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.gateway.admin_harness import two_sockets
+from tests.gateway.admin_harness import admin_auth, prompt_flag, two_sockets
 from tests.gateway.harness import KEY, fake
 
 pytestmark = pytest.mark.slow
@@ -39,12 +37,8 @@ SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "console.png
 
 
 def _config(tmp_path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256(ADMIN.encode()).hexdigest()
-    (tmp_path / "admin.yaml").write_text(
-        yaml.safe_dump({"keys": [{"id": "oncall", "sha256": digest}]})
-    )
     return {
-        "auth": {"keys_file": "keys.yaml", "admin_keys_file": "admin.yaml"},
+        "auth": admin_auth(tmp_path, ADMIN),
         "providers": {
             "flaky": fake("never", model="m-flaky", faults=[{"kind": "http", "status": 500}]),
             "backup": fake("from the backup", model="m-backup"),
@@ -52,15 +46,7 @@ def _config(tmp_path: Path) -> dict[str, Any]:
         "models": {"chat": {"providers": ["flaky", "backup"]}},
         "retry": {"attempts": 1},
         "breaker": {"consecutive_failures": 3, "recovery_s": 600},
-        "flags": [
-            {
-                "name": "prompt.version",
-                "type": "str",
-                "default": "v1",
-                "description": "the system prompt template in use",
-                "choices": ["v1", "v2"],
-            }
-        ],
+        "flags": [prompt_flag()],
     }
 
 

@@ -120,16 +120,17 @@ def test_the_tried_header_follows_new_attempts() -> None:
 async def test_approved_fallbacks_follow_the_eval_gate(
     gateway_client: Callable[..., Any],
 ) -> None:
-    """A new set of blocked providers is taken into account at once."""
-    from tests.gateway.harness import fake
+    """A new set of blocked providers, or of verdicts, is taken into account at once."""
+    from tests.gateway.harness import fake, unvetted
 
     config = {
         "providers": {
             "a": {**fake(), "approved_fallback": False},
             "b": {**fake(), "approved_fallback": True},
             "c": {**fake(), "approved_fallback": True},
+            "d": unvetted(fake()),
         },
-        "models": {"chat": {"providers": ["a", "b", "c"]}},
+        "models": {"chat": {"providers": ["a", "b", "c", "d"]}},
     }
     async with gateway_client(config) as (_, app):
         rt = app.runtime
@@ -138,6 +139,8 @@ async def test_approved_fallbacks_follow_the_eval_gate(
         assert rt.approved_fallbacks() == {"b"}
         rt.blocked = frozenset()
         assert rt.approved_fallbacks() == {"b", "c"}
+        rt.verdicts = {"a": "go", "d": "review"}  # a verdict does not beat approved_fallback: false
+        assert rt.approved_fallbacks() == {"b", "c", "d"}
 
 
 def test_tune_gc_freezes_start_up_objects_and_collects_less_often() -> None:

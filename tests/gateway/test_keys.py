@@ -4,14 +4,13 @@ after their next check of the store; its own rate limit and budget are honoured.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
+from tests.gateway.admin_harness import admin_auth
 from tests.gateway.harness import in_process_gateway
 from tidegate.clock import ManualClock
 from tidegate.gateway.auth import hash_key
@@ -31,12 +30,8 @@ def answer(request: Any, attempt: int) -> dict[str, Any]:
 
 
 def config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    digest = hashlib.sha256(ADMIN.encode()).hexdigest()
-    (tmp_path / "admin.yaml").write_text(
-        yaml.safe_dump({"keys": [{"id": "oncall", "sha256": digest}]})
-    )
     return {
-        "auth": {"keys_file": "keys.yaml", "admin_keys_file": "admin.yaml"},
+        "auth": admin_auth(tmp_path, ADMIN),
         "providers": {"p": {"type": "fake", "model": "m-1"}},
         "models": {"chat": {"providers": ["p"]}, "other": {"providers": ["p"]}},
         **extra,

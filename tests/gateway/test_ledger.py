@@ -42,7 +42,8 @@ def priced(**sections: Any) -> dict[str, Any]:
 
 async def all_rows(app: Any) -> list[LedgerRow]:
     await app.runtime.ledger.flush()
-    return await app.runtime.stores.ledger.rows(0, 1e12)
+    rows: list[LedgerRow] = await app.runtime.stores.ledger.rows(0, 1e12)
+    return rows
 
 
 @pytest.mark.asyncio

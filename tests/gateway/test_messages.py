@@ -15,6 +15,7 @@ from anthropic.types import ToolParam
 
 from tests.gateway.harness import KEY, fake, in_process_gateway, running_gateway
 from tests.gateway.test_sdk import BASIC as SDK_BASIC
+from tests.providers.helpers import weather_turns
 
 #: test_sdk's two fakes, under a Claude-looking alias.
 BASIC = {**SDK_BASIC, "models": {"claude-alias": SDK_BASIC["models"]["chat"]}}
@@ -220,18 +221,7 @@ async def test_what_the_provider_is_sent(tmp_path: Path) -> None:
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}},
             ],
         },
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "t1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "t1", "content": "4 C"},
+        *weather_turns(),
     ]
     assert sent["stop"] == ["END"]
     assert sent["max_tokens"] == 32

@@ -171,7 +171,12 @@ def test_a_key_listing_a_wildcard_may_use_its_models() -> None:
 WINDOWS: Body = {
     "providers": {
         "small": {"type": "fake", "model": "s-1", "context_window": 100},
-        "large": {"type": "fake", "model": "l-1", "context_window": 10_000},
+        "large": {
+            "type": "fake",
+            "model": "l-1",
+            "context_window": 10_000,
+            "approved_fallback": True,
+        },
     },
     "models": {
         "chat": {"providers": ["small", "large"]},

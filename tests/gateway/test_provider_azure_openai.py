@@ -22,6 +22,7 @@ from aiohttp import web
 from tests.gateway.conftest import AppFactory
 from tests.gateway.harness import fake
 from tests.providers.azure_fake import FakeAzure, Reply, azure_error, chunk, filter_results
+from tests.providers.helpers import gateway_config
 from tidegate.clock import SystemClock
 from tidegate.errors import ConfigError
 from tidegate.gateway.build import build_provider
@@ -83,13 +84,7 @@ def _config(tmp_path: Path, base: str, *, backup: bool = False, **extra: Any) ->
     }
     if backup:
         providers["backup"] = fake("from the backup", model="backup-1")
-    return {
-        "providers": providers,
-        "models": {"chat": {"providers": list(providers)}},
-        "retry": {"attempts": 1},
-        "cache": {"enabled": False},
-        **extra,
-    }
+    return gateway_config(providers, **extra)
 
 
 @asynccontextmanager

@@ -28,6 +28,7 @@ from tests.providers.bedrock_fake import (
     error_reply,
     text_stream,
 )
+from tests.providers.helpers import gateway_config
 from tidegate.errors import ConfigError
 from tidegate.gateway.config import load_config
 
@@ -65,12 +66,7 @@ def _config(url: str, *, backup: bool = False, attempts: int = 1, **bedrock: Any
     }
     if backup:
         providers["backup"] = fake("from the backup", model="backup-1")
-    return {
-        "providers": providers,
-        "models": {"chat": {"providers": list(providers)}},
-        "retry": {"attempts": attempts, "base_s": 0.001, "cap_s": 0.002},
-        "cache": {"enabled": False},
-    }
+    return gateway_config(providers, retry={"attempts": attempts, "base_s": 0.001, "cap_s": 0.002})
 
 
 def _sse(text: str) -> list[dict[str, Any]]:
@@ -78,6 +74,16 @@ def _sse(text: str) -> list[dict[str, Any]]:
     data = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
     return [orjson.loads(item) for item in data[:-1]]
+
+
+def _one_clean_call(bedrock: FakeBedrock, operation: str) -> None:
+    """The fake saw one call, of ``operation``, signed right and with a valid body."""
+    [seen] = bedrock.seen
+    assert (seen.operation, seen.signature_problem, seen.validation_problems) == (
+        operation,
+        "",
+        "",
+    )
 
 
 @pytest.mark.asyncio
@@ -93,12 +99,7 @@ async def test_an_answer_as_json(gateway_client: AppFactory) -> None:
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["prompt_tokens"] == 11
     assert answer.headers["x-tidegate-served-by"] == "rock"
-    [seen] = bedrock.seen
-    assert (seen.operation, seen.signature_problem, seen.validation_problems) == (
-        "Converse",
-        "",
-        "",
-    )
+    _one_clean_call(bedrock, "Converse")
 
 
 @pytest.mark.asyncio
@@ -112,12 +113,7 @@ async def test_an_answer_as_a_stream(gateway_client: AppFactory) -> None:
     choices = [c["choices"][0] for c in _sse(streamed.text) if c.get("choices")]
     assert "".join(choice["delta"].get("content") or "" for choice in choices) == "High tide"
     assert choices[-1]["finish_reason"] == "stop"
-    [seen] = bedrock.seen
-    assert (seen.operation, seen.signature_problem, seen.validation_problems) == (
-        "ConverseStream",
-        "",
-        "",
-    )
+    _one_clean_call(bedrock, "ConverseStream")
 
 
 @pytest.mark.asyncio

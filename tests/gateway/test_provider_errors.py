@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from tests.gateway.conftest import AppFactory
+from tests.providers.helpers import gateway_config
 from tidegate.gateway import app as app_module
 from tidegate.gateway.app import Gateway
 from tidegate.providers.fake_upstream import FakeUpstream
@@ -82,14 +83,13 @@ def _config(
         }
     }
     if backup:
-        providers["backup"] = {"type": "openai", "base_url": up.base_url, "model": BACKUP}
-    return {
-        "providers": providers,
-        "models": {"chat": {"providers": list(providers)}},
-        "retry": {"attempts": 1},
-        "cache": {"enabled": False},
-        **extra,
-    }
+        providers["backup"] = {
+            "type": "openai",
+            "base_url": up.base_url,
+            "model": BACKUP,
+            "approved_fallback": True,  # the test's fallback has no eval verdict
+        }
+    return gateway_config(providers, **extra)
 
 
 @asynccontextmanager

@@ -54,7 +54,7 @@ def _config(tmp_path: Path, base_url: str, route: list[str]) -> dict[str, Any]:
     return {
         "providers": {
             "primary": {**section, "model": PRIMARY},
-            "backup": {**section, "model": BACKUP},
+            "backup": {**section, "model": BACKUP, "approved_fallback": True},  # no eval verdict
         },
         "models": {"chat": {"providers": route, "per_try_timeout_s": 5.0}},
         "retry": {"attempts": 2, "base_s": 0.01, "cap_s": 0.02},

@@ -24,7 +24,7 @@ def _warnings(config: Config, monkeypatch: pytest.MonkeyPatch) -> list[dict[str,
     with structlog.testing.capture_logs() as logs:
         monkeypatch.setattr(timing, "log", structlog.get_logger("tidegate"))
         timing.warn_timeouts(config)
-    return [line for line in logs if line["event"] == "timeout_chain_does_not_nest"]
+    return [dict(line) for line in logs if line["event"] == "timeout_chain_does_not_nest"]
 
 
 def test_a_nested_chain_warns_about_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

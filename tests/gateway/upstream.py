@@ -86,8 +86,15 @@ def running_upstream(script: Mapping[str, Any]) -> Iterator[RunningUpstream]:
 
 
 def openai_provider(upstream: RunningUpstream, model: str, **extra: Any) -> dict[str, Any]:
-    """A provider section of type ``openai`` pointing at ``upstream``, asking for ``model``."""
-    return {"type": "openai", "base_url": upstream.base_url, "model": model, **extra}
+    """A provider section of type ``openai`` pointing at ``upstream``, asking for ``model``,
+    approved as an automatic fallback by the config (the tests' fallbacks have no eval verdict)."""
+    return {
+        "type": "openai",
+        "base_url": upstream.base_url,
+        "model": model,
+        "approved_fallback": True,
+        **extra,
+    }
 
 
 def pause(seconds: float) -> None:

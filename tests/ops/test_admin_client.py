@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import threading
@@ -13,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from typer.testing import CliRunner, Result
 
+from tests.gateway.admin_harness import admin_auth, prompt_flag
 from tests.gateway.harness import fake, running_gateway
 from tidegate.ops.admin_client import (
     ADMIN_KEY_FILE_ENV,
@@ -32,23 +31,11 @@ ADMIN = "tg-admin-key-for-the-cli"
 
 
 def _config(tmp_path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256(ADMIN.encode()).hexdigest()
-    (tmp_path / "admin.yaml").write_text(
-        yaml.safe_dump({"keys": [{"id": "oncall", "sha256": digest}]}), encoding="utf-8"
-    )
     return {
-        "auth": {"keys_file": "keys.yaml", "admin_keys_file": "admin.yaml"},
+        "auth": admin_auth(tmp_path, ADMIN),
         "providers": {"p": fake("hi", model="m-1")},
         "models": {"chat": {"providers": ["p"]}},
-        "flags": [
-            {
-                "name": "prompt.version",
-                "type": "str",
-                "default": "v1",
-                "description": "the system prompt template in use",
-                "choices": ["v1", "v2"],
-            }
-        ],
+        "flags": [prompt_flag()],
     }
 
 

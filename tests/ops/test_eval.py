@@ -283,6 +283,23 @@ async def test_evaluate_builds_the_target_as_the_gateway_does() -> None:
 
 
 @pytest.mark.asyncio
+async def test_an_upstream_of_one_more_model_is_a_target(tmp_path: Path) -> None:
+    """``<provider>/<model>`` (a model its ``models`` lists) is judged as its own upstream: that
+    is the name failover looks its verdict up by."""
+    from tests.gateway.harness import write_config
+
+    text = '{"city": "Paris", "country": "France", "population_millions": 2.1}'
+    section = {"type": "fake", "models": ["m-1", "m-2"], "fake": {"text": text}}
+    path = write_config(
+        tmp_path, {"providers": {"p": section}, "models": {"chat": {"providers": ["p"]}}}
+    )
+    report = await evaluate(
+        load_config(path, env={}), path, "p/m-2", load_suite(EVAL / "golden.jsonl")
+    )
+    assert (report.target, report.verdict) == ("p/m-2", EvalVerdict.GO)
+
+
+@pytest.mark.asyncio
 async def test_evaluate_refuses_an_unknown_target() -> None:
     """A target that is not a provider of the config is a ConfigError listing the known ones."""
     config_path = EVAL / "tidegate.yaml"

@@ -528,7 +528,7 @@ def test_a_blocked_fallback_fails_and_a_blocked_primary_does_not(tmp_path: Path)
     passing = check_eval_verdicts(production(), PRODUCTION, str(store))
     assert passing.status is Status.OK
     assert "anthropic-fallback go" in passing.summary
-    assert "no verdict yet for openai-primary" in passing.summary
+    assert "openai-primary approved in config, no verdict yet" in passing.summary
     record_verdict(store, "anthropic-fallback", EvalVerdict.BLOCK, {})
     failing = check_eval_verdicts(production(), PRODUCTION, str(store))
     assert failing.status is Status.FAIL
@@ -559,7 +559,39 @@ def test_a_suite_run_gives_a_fresh_verdict_that_the_fallback_check_uses(tmp_path
     store = str(tmp_path / "none.json")
     fresh = check_eval_verdicts(config, path, store, {"wayward": verdict})
     assert fresh.status is Status.FAIL
-    assert check_eval_verdicts(config, path, store).status is Status.OK
+    assert check_eval_verdicts(config, path, store, {"wayward": EvalVerdict.GO}).status is Status.OK
+
+
+def test_a_fallback_without_a_verdict_is_a_finding(tmp_path: Path) -> None:
+    """wayward falls back for chat-default with no verdict and no approved_fallback: failover
+    would skip it, so the check fails naming it; an override or a review verdict passes."""
+    path = EVAL / "tidegate.yaml"
+    config, _ = check_config(path)
+    assert config is not None
+    store = str(tmp_path / "none.json")
+    result = check_eval_verdicts(config, path, store)
+    assert result.status is Status.FAIL
+    assert result.summary == f"fallback(s) 1 without a verdict (verdicts: {store})"
+    assert result.details == (
+        "wayward is a fallback on chat-default and has no eval verdict, so failover skips it: "
+        "run tidegate eval wayward, or approve it with approved_fallback: true and a reason",
+    )
+    record_verdict(store, "wayward", EvalVerdict.REVIEW, {})
+    reviewed = check_eval_verdicts(config, path, store)
+    assert reviewed.status is Status.OK
+    assert reviewed.summary == f"every fallback is approved (wayward review; verdicts: {store})"
+    for approved, shown in (
+        (True, "wayward approved in config, no verdict yet"),
+        (False, "wayward off"),
+    ):
+        providers = dict(config.providers)
+        providers["wayward"] = providers["wayward"].model_copy(
+            update={"approved_fallback": approved}
+        )
+        changed = config.model_copy(update={"providers": providers})
+        result = check_eval_verdicts(changed, path, str(tmp_path / "still-none.json"))
+        assert result.status is Status.OK
+        assert shown in result.summary
 
 
 def test_a_suite_against_a_provider_whose_key_is_not_here_fails_plainly() -> None:

@@ -23,6 +23,7 @@ from tidegate.providers.anthropic import (
 from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
 
 from .conftest import Serve
+from .helpers import WEATHER, weather_turns
 
 K = ProviderErrorKind
 
@@ -523,16 +524,6 @@ def test_usage_counts_that_are_not_numbers_count_as_none() -> None:
     assert completion["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-
-
 def _valid_for_anthropic(request: dict[str, Any]) -> None:
     """``request`` fits the Messages API request type Anthropic's own SDK publishes."""
     from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
@@ -551,25 +542,14 @@ def test_tools_and_a_tool_round_trip_are_translated() -> None:
         "parallel_tool_calls": False,
         "messages": [
             {"role": "user", "content": "Weather in Oslo?"},
-            {
-                "role": "assistant",
-                "content": "Looking.",
-                "tool_calls": [
-                    {
-                        "id": "t1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "t1", "content": "4 C"},
+            *weather_turns(content="Looking."),
         ],
     }
     request = to_messages_request(body, default_max_tokens=9)
     assert request["tools"] == [
         {
             "name": "get_weather",
-            "input_schema": WEATHER["function"]["parameters"],  # type: ignore[index]
+            "input_schema": WEATHER["function"]["parameters"],
             "description": "The weather in a city",
         }
     ]

@@ -24,6 +24,7 @@ from tidegate.providers.base import MalformedChunk, Provider, StreamEnd, StreamI
 
 from .azure_fake import FakeAzure, Reply, azure_error, chunk, filter_results
 from .conftest import Serve
+from .helpers import WEATHER
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -32,14 +33,6 @@ KEY = "azure-key-blue-heron-42"  # not shaped like a key: only the config knows 
 TOKEN = "entra-token-one-5b7c9d1e3f"
 NEW_TOKEN = "entra-token-two-8a6c4e2f0b"
 CHAT: dict[str, Any] = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Tides?"}]}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def _provider(

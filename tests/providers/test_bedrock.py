@@ -44,6 +44,7 @@ from .bedrock_fake import (
     validation_problems,
 )
 from .conftest import Serve
+from .helpers import WEATHER, weather_turns
 
 K = ProviderErrorKind
 ASK: dict[str, Any] = {
@@ -56,14 +57,6 @@ ASK: dict[str, Any] = {
     "temperature": 0.2,
     "top_p": 0.9,
     "stop": ["END"],
-}
-WEATHER: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
 }
 
 
@@ -168,18 +161,7 @@ async def test_a_stream_cut_before_message_stop_is_not_done(
 
 TOOL_HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "Weather in Oslo?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": "4 C"},
+    *weather_turns("call_1"),
     {"role": "user", "content": "And in Bergen?"},
 ]
 

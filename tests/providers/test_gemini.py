@@ -36,6 +36,7 @@ from .gemini_fake import (
     error_body,
     validate_generate_request,
 )
+from .helpers import weather_turns
 
 K = ProviderErrorKind
 SECRET = "AIzaSyFakeKeyForTidegateTests0123456789"
@@ -149,18 +150,7 @@ def test_tools_and_a_tool_round_trip_are_translated() -> None:
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "messages": [
             {"role": "user", "content": "Weather in Oslo?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "t1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "t1", "content": "4 C"},
+            *weather_turns(),
             {"role": "tool", "tool_call_id": "t1", "content": '{"celsius": 4}'},
         ],
     }

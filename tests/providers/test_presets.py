@@ -197,7 +197,9 @@ async def test_mistral_stream_drops_stream_options(
     body = _chat(stream_options={"include_usage": True})
     async with aclosing(provider.stream(body, timeout=5.0)) as items:
         got = [item async for item in items]
-    assert got[0]["choices"][0]["delta"]["content"] == "ok"
+    first = got[0]
+    assert isinstance(first, dict)
+    assert first["choices"][0]["delta"]["content"] == "ok"
     [(_, _, sent)] = recorder.seen
     assert sent == {**_chat(), "stream": True}
 

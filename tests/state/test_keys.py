@@ -22,6 +22,7 @@ from tidegate.clock import ManualClock
 from tidegate.gateway.auth import hash_key
 from tidegate.state.base import KeyAudit, KeyConflict, KeyRecord, KeyStore
 from tidegate.state.keys import KEYS_NOTICE, MemoryKeyStore, SQLiteKeyStore
+from tidegate.state.notify import WatchableFlagStore
 from tidegate.state.postgres import PostgresFlagStore
 from tidegate.state.postgres_keys import PostgresKeyStore
 from tidegate.state.redis import RedisFlagStore
@@ -171,22 +172,20 @@ async def test_concurrent_revokes_of_one_key_write_once(
     assert len(await store.history("svc")) == 2
 
 
-async def test_redis_write_sends_the_keys_notice(tmp_path: Path) -> None:
+async def _watched(name: str, stack: AsyncExitStack) -> tuple[WatchableFlagStore, KeyStore]:
+    """A flag store and a key store on one Redis or Postgres database."""
+    if name == "redis":
+        redis = await redis_database(stack, *await redis_prefix(stack))
+        return RedisFlagStore(redis), RedisKeyStore(redis)
+    postgres = await postgres_database(stack, *await postgres_schema(stack))
+    return PostgresFlagStore(postgres), PostgresKeyStore(postgres)
+
+
+@pytest.mark.parametrize("backend", ["redis", "postgres"])
+async def test_write_sends_the_keys_notice(backend: str) -> None:
     """A key write is announced on the flags' channel, so the flags' subscription hears it."""
     async with AsyncExitStack() as stack:
-        url, prefix = await redis_prefix(stack)
-        db = await redis_database(stack, url, prefix)
-        flags, keys = RedisFlagStore(db), RedisKeyStore(db)
-        async with flags.watch() as changes:
-            await keys.put(record(), expected_revision=0, audit=change("create"))
-            assert await changes.next(2.0) == KEYS_NOTICE
-
-
-async def test_postgres_write_sends_the_keys_notice() -> None:
-    async with AsyncExitStack() as stack:
-        url, schema = await postgres_schema(stack)
-        db = await postgres_database(stack, url, schema)
-        flags, keys = PostgresFlagStore(db), PostgresKeyStore(db)
+        flags, keys = await _watched(backend, stack)
         async with flags.watch() as changes:
             await keys.put(record(), expected_revision=0, audit=change("create"))
             assert await changes.next(2.0) == KEYS_NOTICE

@@ -852,6 +852,7 @@ async def test_reserve_now_and_settle_now_answer_from_the_current_lease_only() -
     for reservation in drawn[:3]:
         assert reservation is not None
         assert leased.settle_now(reservation, Cost(tokens=12))
+    assert drawn[0] is not None
     assert not leased.settle_now(drawn[0], Cost(tokens=12))  # settled already: nothing done
     clock.advance(LEASE_HOLD_S * 2)
     await leased.expire()  # the lease retires with one request still open

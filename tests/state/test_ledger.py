@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.asyncio
 T0 = 1_000_000.0
 
 
-def row(n: int, **changes: object) -> LedgerRow:
+def row(n: int, **changes: Any) -> LedgerRow:
     base = LedgerRow(
         request_id=f"req-{n}",
         at=T0 + n,

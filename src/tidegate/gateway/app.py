@@ -56,6 +56,7 @@ from tidegate.gateway.pipeline import (
 )
 from tidegate.gateway.pipeline.dialect import OPENAI, Dialect, render_error, send_dialect_error
 from tidegate.gateway.pipeline.messages import ANTHROPIC
+from tidegate.gateway.pipeline.spans import request_attributes, request_outcome, skips
 from tidegate.gateway.protocol import ADMIN_STATE_KEY, STATE_KEY, ConnectionLimits, Door, Shed
 from tidegate.gateway.runtime import (
     Overrides,
@@ -410,20 +411,12 @@ class Gateway:
             if not rt.tracing.enabled:
                 await self._watches.run(ex, receive, send, answer)
                 return
-            with rt.tracing.span(
-                "tidegate.request", **{"tidegate.request_id": ex.request_id, "url.path": path}
-            ) as span:
+            # The caller's trace continued (traceparent), with the GenAI attributes.
+            start = request_attributes(path, ex.request_id, body)
+            with rt.tracing.request(headers, start) as span:
                 await self._watches.run(ex, receive, send, answer)
-                if span is not None:
-                    span.set_attributes(
-                        {
-                            "tidegate.route": ex.route,
-                            "tidegate.served_by": ex.served_by,
-                            "tidegate.tried": ex.tried_header(),
-                            "tidegate.outcome": ex.outcome,
-                            "http.response.status_code": ex.status,
-                        }
-                    )
+                done = request_outcome(rt, ex)
+                rt.tracing.finish(span, done, skips(ex), failed=ex.status >= 500)
         finally:
             rt.in_flight -= 1
             elapsed = rt.clock.now() - started

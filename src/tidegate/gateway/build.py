@@ -26,6 +26,7 @@ from tidegate.gateway.config import Config, ProviderConfig, resolve
 from tidegate.gateway.degraded import Corpus
 from tidegate.gateway.metrics import Metrics
 from tidegate.gateway.redaction import OutputFilter
+from tidegate.gateway.tracing import Tracing, breaker_event
 from tidegate.gateway.upstreams import needs_own_instance, upstream_configs
 from tidegate.policy.admission import AdmissionOptions
 from tidegate.policy.breaker import (
@@ -286,11 +287,13 @@ def fleet_flight_from(stores: Stores, config: Config) -> RedisSingleFlight | Non
 # --------------------------------------------------------------------------- providers
 
 
-def upstream_session() -> aiohttp.ClientSession:
-    """The one pooled HTTP session every provider of the process shares."""
+def upstream_session(tracing: Tracing | None = None) -> aiohttp.ClientSession:
+    """The one pooled HTTP session every provider of the process shares; with ``tracing`` on,
+    each of its requests sends the current trace context upstream (``traceparent``)."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
         timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=None if tracing is None else tracing.trace_configs() or None,
     )
 
 
@@ -365,10 +368,14 @@ def breakers_for(
     clock: Clock,
     rng: random.Random,
     metrics: Metrics,
+    tracing: Tracing | None = None,
 ) -> dict[str, CircuitBreaker]:
-    """One breaker per provider, its state changes counted by the state it moved to."""
+    """One breaker per provider, its state changes counted by the state it moved to (and,
+    with ``tracing`` on, its changes and refusals events of the current span)."""
     options = breaker_options_from(config)
     on_event = _count_transitions(metrics)
+    if tracing is not None:
+        on_event = tracing.recording(on_event, breaker_event)
     return {
         name: CircuitBreaker(name, options, clock=clock, rng=rng, on_event=on_event)
         for name in providers

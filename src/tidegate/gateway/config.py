@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tidegate.catalogue import ModelInfo, find
 from tidegate.errors import ConfigError
+from tidegate.gateway.approval import check_override, override_problems
 from tidegate.providers.azure_openai import AzureOpenAIOptions
 from tidegate.providers.bedrock import BedrockOptions
 from tidegate.providers.gemini import GeminiOptions
@@ -164,6 +165,7 @@ WILDCARD_SUFFIX = "/*"
 #: Types whose provider sends each request's ``model`` (one instance serves all its models);
 #: the others call the model they were built for.
 BODY_MODEL_TYPES = frozenset({"openai", "anthropic", "gemini", "fake"})
+_Share = Annotated[float, Field(gt=0, le=1)]  # a canary's share of its route's traffic
 
 
 class ProviderConfig(_Strict):
@@ -177,7 +179,8 @@ class ProviderConfig(_Strict):
     data_classes: tuple[str, ...] = ("public", "internal", "confidential")
     context_window: PositiveInt | None = None
     accepts_prefill: bool = False
-    approved_fallback: bool = True
+    approved_fallback: bool | None = None  # unset: its eval verdict decides (gateway/approval.py)
+    approved_fallback_reason: Annotated[str, Field(min_length=1)] | None = None
     stream: StreamConfig = StreamConfig()
     #: Behaviour of the in-process fake provider (only with ``type: fake``).
     fake: dict[str, Any] | None = None
@@ -214,6 +217,7 @@ class ProviderConfig(_Strict):
         for section in ("fake", "azure_openai", "bedrock", "gemini"):
             if self.type != section and getattr(self, section) is not None:
                 raise ValueError(f"'{section}' settings are only for providers of type {section}")
+        check_override(self)
         return self
 
     def _check_preset(self) -> str | None:
@@ -241,12 +245,7 @@ class CanaryConfig(_Strict):
     salt: Annotated[str, Field(min_length=1)]
     baseline: VersionConfig = VersionConfig()
     candidate: VersionConfig
-    schedule: Annotated[tuple[Annotated[float, Field(gt=0, le=1)], ...], Field(min_length=1)] = (
-        0.05,
-        0.25,
-        0.5,
-        1.0,
-    )
+    schedule: Annotated[tuple[_Share, ...], Field(min_length=1)] = (0.05, 0.25, 0.5, 1.0)
     evaluate_every_s: PositiveFloat = 60.0
     min_requests: PositiveInt = 200
     min_baseline_requests: PositiveInt = 200
@@ -360,6 +359,7 @@ class TracingConfig(_Strict):
     endpoint: str | None = None
     service_name: str = "tidegate"
     sample_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0
+    propagate_upstream: bool = True  # traceparent/tracestate on every upstream request
 
 
 class LedgerConfig(_Strict):
@@ -478,6 +478,7 @@ def profile_problems(config: Config) -> list[str]:
             problems.append(
                 f"production needs pinned model ids: providers.{name}.model is {provider.model!r}"
             )
+    problems += override_problems(config.providers)
     if config.budgets is not None and config.budgets.cost_usd is not None:
         problems += [
             f"production with budgets.cost_usd needs every model priced: providers.{name} "

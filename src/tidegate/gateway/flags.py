@@ -22,17 +22,14 @@ from tidegate.gateway.metrics import Metrics
 from tidegate.policy.flags import FlagSet
 from tidegate.state.url import Stores
 
-__all__ = ["SharedFlags", "refresh_flags", "set_flag"]
+__all__ = ["SharedFlags", "SharedState", "keep_last", "refresh_flags", "set_flag"]
 
 log = structlog.get_logger("tidegate")
 
 
-class SharedFlags(Protocol):
-    """What of a runtime the shared flags use: this process's copy, the clock it reads them
-    with, the stores (the flag store among them) and the metrics a failed reload counts in."""
-
-    @property
-    def flags(self) -> FlagSet: ...
+class SharedState(Protocol):
+    """What of a runtime a copy of shared state uses: the clock, the stores and the metrics a
+    failed reload counts in."""
 
     @property
     def clock(self) -> Clock: ...
@@ -42,6 +39,20 @@ class SharedFlags(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+
+class SharedFlags(SharedState, Protocol):
+    """What of a runtime the shared flags use: this process's copy besides the clock it reads
+    them with, the stores (the flag store among them) and the metrics."""
+
+    @property
+    def flags(self) -> FlagSet: ...
+
+
+def keep_last(rt: SharedState, store: str, exc: StoreError) -> None:
+    """A reload of ``store`` that failed with ``exc``: counted and logged; the last copy stays."""
+    rt.metrics.store_errors.labels(store, "keep_last").inc()
+    log.warning("store_unavailable", store=store, action="keep_last", error=str(exc))
 
 
 async def set_flag(rt: SharedFlags, name: str, value: Any, who: str, why: str) -> dict[str, Any]:
@@ -64,7 +75,6 @@ async def refresh_flags(rt: SharedFlags) -> None:
     try:
         values = await rt.stores.flags.values()
     except StoreError as exc:
-        rt.metrics.store_errors.labels("flags", "keep_last").inc()
-        log.warning("store_unavailable", store="flags", action="keep_last", error=str(exc))
+        keep_last(rt, "flags", exc)
         return
     rt.flags.restore({"version": 1, "values": values, "history": []})

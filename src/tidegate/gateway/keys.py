@@ -33,16 +33,14 @@ from typing import Annotated, Any, Final, Protocol, TypeVar
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tidegate.clock import Clock
 from tidegate.errors import InvalidRequest, NotFound, StoreError
 from tidegate.gateway.auth import Identity, KeyRing, hash_key
 from tidegate.gateway.config import Config
+from tidegate.gateway.flags import SharedState, keep_last
 from tidegate.gateway.http import Receive, Scope, plain, read_json
-from tidegate.gateway.metrics import Metrics
 from tidegate.policy.budget import BudgetOptions, Quota
 from tidegate.policy.ratelimit import BucketOptions
 from tidegate.state.base import KeyAudit, KeyConflict, KeyRecord
-from tidegate.state.url import Stores
 
 __all__ = [
     "KEY_CHECK_S",
@@ -64,23 +62,14 @@ _ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MAX_GRACE_S: Final = 30 * 86_400.0
 
 
-class KeyHolder(Protocol):
+class KeyHolder(SharedState, Protocol):
     """What of a runtime the keys use: the ring requests are identified with (replaced, never
-    changed in place), the config, the clock, the stores and the metrics."""
+    changed in place) and the config, besides the clock, the stores and the metrics."""
 
     keys: KeyRing
 
     @property
     def config(self) -> Config: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    @property
-    def stores(self) -> Stores: ...
-
-    @property
-    def metrics(self) -> Metrics: ...
 
 
 def new_secret() -> str:
@@ -161,8 +150,7 @@ async def sync_keys(rt: KeyHolder, changed: bool = False) -> None:
             return
         records = await store.all()
     except StoreError as exc:
-        rt.metrics.store_errors.labels("keys", "keep_last").inc()
-        log.warning("store_unavailable", store="keys", action="keep_last", error=str(exc))
+        keep_last(rt, "keys", exc)
         return
     wall = rt.clock.wall
     fresh, skipped = rt.keys.with_store(identities_of(records, rt.config), version, wall=wall)

@@ -72,7 +72,9 @@ def _upstream(rt: Runtime, base: str, model: str) -> str:
     served = rt.provider_configs[name] = served_as(cfg, model)
     rt.providers[name] = rt.providers[base]
     rt.breakers.update(
-        breakers_for({name: rt.providers[base]}, rt.config, rt.clock, rt.rng, rt.metrics)
+        breakers_for(
+            {name: rt.providers[base]}, rt.config, rt.clock, rt.rng, rt.metrics, rt.tracing
+        )
     )
     rt.model_ids[name] = model
     count = rt.prompt_counters[name] = prompt_counter(served.type, model, served.base_url)

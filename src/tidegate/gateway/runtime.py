@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
@@ -22,6 +22,7 @@ import structlog
 from tidegate.catalogue.tokens import InputCounter, PromptCounter
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, DeadlineExceeded, ProviderError, StoreError
+from tidegate.gateway.approval import log_fallback_overrides, may_fall_back
 from tidegate.gateway.auth import AdminKeys, Identity, KeyRing
 from tidegate.gateway.build import (
     admin_keys_from,
@@ -60,7 +61,7 @@ from tidegate.gateway.pricing import (
 from tidegate.gateway.redaction import OutputFilter
 from tidegate.gateway.routes import Route, routes_from, version_routes_from
 from tidegate.gateway.timing import warn_timeouts
-from tidegate.gateway.tracing import Tracing
+from tidegate.gateway.tracing import Tracing, attempt_event
 from tidegate.gateway.upstreams import expand_providers, upstream_configs
 from tidegate.policy.admission import AdmissionController, Ticket, TicketState
 from tidegate.policy.attempts import AttemptEvent, AttemptPolicy, RetryPlanned, RetryRefused
@@ -200,6 +201,9 @@ class Runtime:
     passthrough: dict[str, Route] = field(default_factory=dict)
     #: Providers whose latest eval-gate verdict is ``block``: never an automatic fallback.
     blocked: frozenset[str] = frozenset()
+    #: Each provider's latest eval-gate verdict (``go``, ``review``, ``block``); a provider not
+    #: in it has none. Reloaded with ``blocked``.
+    verdicts: Mapping[str, str] = field(default_factory=dict)
     corpus: Corpus | None = None
     sleep: Callable[[float], Awaitable[None]] = SystemClock().asleep
     session: aiohttp.ClientSession | None = None
@@ -208,7 +212,9 @@ class Runtime:
     local_buckets: dict[BucketOptions, TokenBucket] = field(default_factory=dict)
     in_flight: int = 0
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    _approved_memo: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False)
+    _approved_memo: tuple[frozenset[str], Mapping[str, str], frozenset[str]] | None = field(
+        default=None, repr=False
+    )
     #: Each provider's model id, and each model's prices per 1k tokens (input, output): the
     #: lookups by name the request path makes, built once from the config.
     model_ids: dict[str, str] = field(init=False, repr=False)
@@ -244,25 +250,27 @@ class Runtime:
             rng=self.rng,
             budget=self.retry_budget,
             retry_on=self.retry_on,
-            on_event=_count_attempt_events(self.metrics),
+            on_event=self.tracing.recording(_count_attempt_events(self.metrics), attempt_event),
         )
 
     def approved_fallbacks(self) -> frozenset[str]:
-        """Providers approved as automatic fallbacks, less those the eval gate blocks.
+        """Providers that automatic failover may use: a latest eval verdict of ``go`` or
+        ``review``, or an operator's override in the config; never one the eval gate blocks or
+        one set to ``approved_fallback: false`` (:func:`may_fall_back`).
 
-        Worked out again only when ``blocked`` (reloaded every few seconds) is another set: the
-        provider configs are fixed for the runtime's life.
+        Worked out again only when ``blocked`` or ``verdicts`` (reloaded every few seconds) is
+        another object: the provider configs are fixed for the runtime's life.
         """
-        blocked = self.blocked
+        blocked, verdicts = self.blocked, self.verdicts
         memo = self._approved_memo
-        if memo is None or memo[0] is not blocked:
+        if memo is None or memo[0] is not blocked or memo[1] is not verdicts:
             approved = {
                 n
                 for n, cfg in self.provider_configs.items()
-                if cfg.approved_fallback and n not in blocked
+                if n not in blocked and may_fall_back(cfg, verdicts.get(n))
             }
-            memo = self._approved_memo = (blocked, frozenset(approved))
-        return memo[1]
+            memo = self._approved_memo = (blocked, verdicts, frozenset(approved))
+        return memo[2]
 
     def forget_approved(self) -> None:
         """Work the approved fallbacks out again (an upstream was added)."""
@@ -341,6 +349,7 @@ async def build_runtime(
     check_config_against_policies(config)
     warn_unpriced(config)
     warn_timeouts(config)
+    log_fallback_overrides(config.providers)
     # Validate what can fail cheaply before opening anything.
     tracing = Tracing.from_config(config.tracing, provider=overrides.get("tracer_provider"))
     specs = flag_specs(config) + canary_flag_specs(config)
@@ -357,7 +366,7 @@ async def build_runtime(
     session, providers = overrides.get("session"), overrides.get("providers")
     if providers is None:
         if session is None:
-            session = upstream_session()
+            session = upstream_session(tracing)
         providers = providers_from(config, config_path, session, system)
     upstreams = upstream_configs(config)
     providers = expand_providers(providers, upstreams)
@@ -372,7 +381,7 @@ async def build_runtime(
         stores=stores,
         providers=providers,
         provider_configs=upstreams,
-        breakers=breakers_for(providers, config, clock, rng, metrics),
+        breakers=breakers_for(providers, config, clock, rng, metrics, tracing),
         routes=routes_from(config),
         version_routes=version_routes_from(config),
         corpus=corpus_from(config, config_path),
@@ -443,12 +452,13 @@ def refresh_verdicts(runtime: Runtime) -> None:
     except (ConfigError, StoreError) as exc:
         log.warning("verdicts_unreadable", store=store, error=str(exc))
         return
+    runtime.verdicts = latest
     runtime.blocked = frozenset(t for t, v in latest.items() if v == "block")
 
 
 async def close_runtime(runtime: Runtime) -> None:
     await runtime.ledger.close()  # the rows still buffered, before the stores close
-    runtime.tracing.shutdown()
+    await runtime.tracing.aclose()  # its last spans exported, off the event loop
     if runtime.corpus is not None:
         runtime.corpus.close()
     for provider in runtime.providers.values():

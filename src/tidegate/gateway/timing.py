@@ -11,6 +11,7 @@ problem, the same as that check's ``TMO002`` findings, instead of starting silen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -20,7 +21,7 @@ from tidegate.gateway.upstreams import upstream_configs
 from tidegate.policy.deadline import Layer, chain_problems
 from tidegate.policy.retry import Jitter, RetryOptions, provider_layer
 
-__all__ = ["ChainLayer", "chain_warnings", "timeout_chains", "warn_timeouts"]
+__all__ = ["ChainLayer", "chain_warnings", "layer_problems", "timeout_chains", "warn_timeouts"]
 
 log = structlog.get_logger("tidegate")
 
@@ -69,17 +70,21 @@ def timeout_chains(config: Config) -> list[list[ChainLayer]]:
     return chains
 
 
-def chain_warnings(chain: list[ChainLayer]) -> list[tuple[str, ChainLayer]]:
-    """Each layer of ``chain`` that would outlive a layer above it, with the problem in words."""
-    found: list[tuple[str, ChainLayer]] = []
-    layers = [c.layer for c in chain]
+def layer_problems(layers: Sequence[Layer]) -> list[tuple[int, str]]:
+    """The index of each layer that would outlive a layer above it, with the problem in words."""
+    found: list[tuple[int, str]] = []
     seen = 0
-    for index, link in enumerate(chain):
+    for index in range(len(layers)):
         problems = chain_problems(layers[: index + 1])
         if len(problems) > seen:
             seen = len(problems)
-            found.append((problems[-1], link))
+            found.append((index, problems[-1]))
     return found
+
+
+def chain_warnings(chain: list[ChainLayer]) -> list[tuple[str, ChainLayer]]:
+    """Each layer of ``chain`` that would outlive a layer above it, with the problem in words."""
+    return [(problem, chain[index]) for index, problem in layer_problems([c.layer for c in chain])]
 
 
 def warn_timeouts(config: Config) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -35,6 +35,8 @@ from tidegate.lab.workload import Deterministic, Exponential, load_trace, parse_
 from tidegate.policy.admission import AdmissionOptions
 
 __all__ = ["lab_app"]
+
+T = TypeVar("T")
 
 lab_app = typer.Typer(
     name="lab",
@@ -160,6 +162,23 @@ def _progress(total: int, label: str, enabled: bool) -> Iterator[Callable[[], No
         yield lambda: progress.advance(task)
 
 
+def _replicated(
+    run: Callable[..., T],
+    *args: Any,
+    seed: int,
+    replications: int,
+    jobs: int | None,
+    bar: bool,
+    **options: Any,
+) -> T:
+    """``run(*args, **options)`` over ``replications`` seeded from ``seed`` on ``jobs``
+    processes (one a core when None), with a progress bar when ``bar``."""
+    with _progress(replications, "replications", bar) as tick:
+        return run(
+            *args, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick, **options
+        )
+
+
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"tidegate lab: {message}", err=True)
     return typer.Exit(2)
@@ -210,17 +229,17 @@ def capacity(
         rows = capacity_module.capacity_table(shapes, cpu=cpu, io=io, cores=cores)
         simulated: list[Interval] = []
         if check:
-            with _progress(replications, "replications", not json_output) as tick:
-                simulated = capacity_module.check_shapes(
-                    shapes,
-                    cpu=cpu,
-                    io=io,
-                    cores=cores,
-                    seed=seed,
-                    replications=replications,
-                    jobs=_jobs(jobs),
-                    progress=tick,
-                )
+            simulated = _replicated(
+                capacity_module.check_shapes,
+                shapes,
+                cpu=cpu,
+                io=io,
+                cores=cores,
+                seed=seed,
+                replications=replications,
+                jobs=jobs,
+                bar=not json_output,
+            )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     if plot is not None:
@@ -447,15 +466,15 @@ def backpressure(
         "horizon": horizon,
     }
     try:
-        with _progress(replications, "replications", not json_output) as tick:
-            summary = load_module.backpressure_summary(
-                rate,
-                seed=seed,
-                replications=replications,
-                jobs=_jobs(jobs),
-                progress=tick,
-                **settings,
-            )
+        summary = _replicated(
+            load_module.backpressure_summary,
+            rate,
+            seed=seed,
+            replications=replications,
+            jobs=jobs,
+            bar=not json_output,
+            **settings,
+        )
         reports = (
             load_module.backpressure(rate, seed=replication_seed(seed, 0), **settings)
             if plot is not None
@@ -525,10 +544,14 @@ def storm(
             attempts=attempts,
             budget_ratio=budget_ratio,
         )
-        with _progress(replications, "replications", not json_output) as tick:
-            summary = storm_module.storm_summary(
-                options, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick
-            )
+        summary = _replicated(
+            storm_module.storm_summary,
+            options,
+            seed=seed,
+            replications=replications,
+            jobs=jobs,
+            bar=not json_output,
+        )
         results = (
             storm_module.run_storms(options, seed=replication_seed(seed, 0))
             if plot is not None
@@ -646,17 +669,17 @@ def surge(
             multiplier=multipliers[0],
             critical_share=shares[0],
         )
-        with _progress(replications, "replications", not json_output) as tick:
-            points = surge_module.surge_summary(
-                options,
-                multipliers=multipliers,
-                critical_shares=shares,
-                seed=seed,
-                replications=replications,
-                jobs=_jobs(jobs),
-                rungs=rungs,
-                progress=tick,
-            )
+        points = _replicated(
+            surge_module.surge_summary,
+            options,
+            multipliers=multipliers,
+            critical_shares=shares,
+            seed=seed,
+            replications=replications,
+            jobs=jobs,
+            rungs=rungs,
+            bar=not json_output,
+        )
         first = (
             surge_module.run_surge(options, seed=replication_seed(seed, 0), rungs=rungs)
             if plot is not None
@@ -746,10 +769,14 @@ def gameday(
     each figure a mean over replications with its 95% interval."""
     try:
         loaded = gameday_module.load_scenario(scenario)
-        with _progress(replications, "replications", not json_output) as tick:
-            summary, first = gameday_module.gameday_summary(
-                loaded, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick
-            )
+        summary, first = _replicated(
+            gameday_module.gameday_summary,
+            loaded,
+            seed=seed,
+            replications=replications,
+            jobs=jobs,
+            bar=not json_output,
+        )
     except (OSError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if plot is not None:
@@ -847,10 +874,14 @@ def autoscale(
             interval=interval,
             deadline=deadline,
         )
-        with _progress(replications, "replications", not json_output) as tick:
-            summary = scaling_module.autoscale_summary(
-                options, seed=seed, replications=replications, jobs=_jobs(jobs), progress=tick
-            )
+        summary = _replicated(
+            scaling_module.autoscale_summary,
+            options,
+            seed=seed,
+            replications=replications,
+            jobs=jobs,
+            bar=not json_output,
+        )
         results = (
             [
                 scaling_module.run_autoscale(law, options, seed=replication_seed(seed, 0))

@@ -103,17 +103,25 @@ class LoadPoint:
         }
 
 
-def theory_for(rate: float, fleet: Fleet) -> TheoryPoint | None:
-    """The M/M/c/K or M/M/c prediction for ``fleet`` at ``rate``, or ``None`` if it does not
-    apply (a CPU part, non-exponential IO, or an unbounded queue past its capacity)."""
+def _queueing(fleet: Fleet) -> tuple[int, int, float, int | None] | None:
+    """What a queueing model needs of ``fleet`` (workers, slots per worker, service rate, the
+    waiting cap), or ``None`` if none applies: a CPU part, non-exponential IO, several classes."""
     if fleet.cpu is not None or not isinstance(fleet.io, Exponential):
         return None
     options = fleet.admission
     if len(options.classes) != 1:
         return None
-    workers, slots, mu = fleet.workers, options.slots, 1.0 / fleet.io.mean
+    return fleet.workers, options.slots, 1.0 / fleet.io.mean, options.cap_for(options.classes[0])
+
+
+def theory_for(rate: float, fleet: Fleet) -> TheoryPoint | None:
+    """The M/M/c/K or M/M/c prediction for ``fleet`` at ``rate``, or ``None`` if it does not
+    apply (a CPU part, non-exponential IO, or an unbounded queue past its capacity)."""
+    queueing = _queueing(fleet)
+    if queueing is None:
+        return None
+    workers, slots, mu, cap = queueing
     lam = rate / workers
-    cap = options.cap_for(options.classes[0])
     if cap is None:
         if lam >= slots * mu:
             return None
@@ -282,13 +290,10 @@ def theory_matching(rate: float, fleet: Fleet) -> TheoryPoint | None:
     dispatch: the fleet as one M/M/c/K of ``workers x slots`` servers (exact with no waiting
     room). Needs no CPU part, exponential IO and one class.
     """
-    if fleet.cpu is not None or not isinstance(fleet.io, Exponential):
+    queueing = _queueing(fleet)
+    if queueing is None:
         return None
-    options = fleet.admission
-    if len(options.classes) != 1:
-        return None
-    workers, slots, mu = fleet.workers, options.slots, 1.0 / fleet.io.mean
-    cap = options.cap_for(options.classes[0])
+    workers, slots, mu, cap = queueing
     if fleet.dispatch == "shortest_queue" and workers > 1:
         servers = workers * slots
         if cap is None:

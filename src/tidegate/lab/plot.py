@@ -52,29 +52,41 @@ def _save(fig: Any, path: str | Path) -> Path:
     return target
 
 
+def _theory_line(ax: Any, points: Sequence[LoadPoint | LoadSummary], label: str) -> bool:
+    """The theory's shed share against the offered rate, where it has one; whether it had."""
+    if all(p.theory is None for p in points):
+        return False
+    ax.plot(
+        [p.rate for p in points if p.theory],
+        [100 * p.theory.shed_share for p in points if p.theory],
+        "k--",
+        label=label,
+    )
+    return True
+
+
+def _saturation_axes(axes: Any) -> None:
+    """The saturation curve's titles and axis labels; the legend of throughput and L."""
+    axes[0].set(xlabel="offered rate (req/s)", ylabel="shed (%)", title="Shedding")
+    axes[1].set(xlabel="offered rate (req/s)", ylabel="p95 latency (s)", title="p95 latency")
+    axes[2].set(xlabel="offered rate (req/s)", title="Throughput and Little's law")
+    axes[2].legend()
+
+
 def plot_load(points: Sequence[LoadPoint], path: str | Path) -> Path:
     """Shed share, p95 and throughput against the offered rate; L beside lambda x W."""
     plt = _pyplot()
     rates = [p.rate for p in points]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     axes[0].plot(rates, [100 * p.shed_share for p in points], "o-", label="simulated")
-    if any(p.theory is not None for p in points):
-        axes[0].plot(
-            [p.rate for p in points if p.theory],
-            [100 * p.theory.shed_share for p in points if p.theory],
-            "k--",
-            label="M/M/c/K",
-        )
+    if _theory_line(axes[0], points, "M/M/c/K"):
         axes[0].legend()
-    axes[0].set(xlabel="offered rate (req/s)", ylabel="shed (%)", title="Shedding")
     axes[1].plot(rates, [p.report.total.latency.p95 for p in points], "o-", color="tab:red")
-    axes[1].set(xlabel="offered rate (req/s)", ylabel="p95 latency (s)", title="p95 latency")
     axes[2].plot(rates, [p.report.throughput for p in points], "o-", label="throughput")
     axes[2].plot(rates, rates, ":", color="grey", label="offered")
     axes[2].plot(rates, [p.report.in_system_mean for p in points], "s", label="L (in system)")
     axes[2].plot(rates, [p.report.littles_product for p in points], "x", label="lambda x W")
-    axes[2].set(xlabel="offered rate (req/s)", title="Throughput and Little's law")
-    axes[2].legend()
+    _saturation_axes(axes)
     fig.suptitle("Saturation curve")
     return _save(fig, path)
 
@@ -216,37 +228,22 @@ def plot_load_summary(points: Sequence[LoadSummary], path: str | Path) -> Path:
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     bars(axes[0], "shed_share", 100.0, fmt="o-", label="simulated (95% CI)")
-    if any(p.theory is not None for p in points):
-        axes[0].plot(
-            [p.rate for p in points if p.theory],
-            [100 * p.theory.shed_share for p in points if p.theory],
-            "k--",
-            label="theory",
-        )
+    _theory_line(axes[0], points, "theory")
     axes[0].legend()
-    axes[0].set(xlabel="offered rate (req/s)", ylabel="shed (%)", title="Shedding")
     bars(axes[1], "p95", fmt="o-", color="tab:red")
-    axes[1].set(xlabel="offered rate (req/s)", ylabel="p95 latency (s)", title="p95 latency")
     bars(axes[2], "throughput", fmt="o-", label="throughput")
     axes[2].plot(rates, rates, ":", color="grey", label="offered")
-    axes[2].errorbar(
-        rates,
-        [p.little.L.mean for p in points],
-        yerr=[_half(p.little.L) for p in points],
-        fmt="s",
-        capsize=3,
-        label="L (in system)",
-    )
-    axes[2].errorbar(
-        rates,
-        [p.little.lambda_w.mean for p in points],
-        yerr=[_half(p.little.lambda_w) for p in points],
-        fmt="x",
-        capsize=3,
-        label="lambda_eff x W",
-    )
-    axes[2].set(xlabel="offered rate (req/s)", title="Throughput and Little's law")
-    axes[2].legend()
+    for side, fmt, label in (("L", "s", "L (in system)"), ("lambda_w", "x", "lambda_eff x W")):
+        sides = [getattr(p.little, side) for p in points]
+        axes[2].errorbar(
+            rates,
+            [s.mean for s in sides],
+            yerr=[_half(s) for s in sides],
+            fmt=fmt,
+            capsize=3,
+            label=label,
+        )
+    _saturation_axes(axes)
     fig.suptitle(f"Saturation curve ({points[0].little.L.n} replications, 95% CI)")
     return _save(fig, path)
 

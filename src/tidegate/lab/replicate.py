@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,6 +41,7 @@ __all__ = [
     "LittleCheck",
     "Stationarity",
     "aggregate",
+    "chosen",
     "littles_check",
     "mser5_warmup",
     "plain",
@@ -63,6 +64,16 @@ TREND_QUANTILE: Final = 0.999
 TREND_RISE: Final = 0.05
 
 _TASK: list[Any] = []
+
+
+def chosen(names: Iterable[str], known: Sequence[str], what: str) -> tuple[str, ...]:
+    """``names`` as a tuple, each one of ``known`` (a ``ValueError`` names the first that is
+    not: an unknown ``what``)."""
+    picked = tuple(names)
+    for name in picked:
+        if name not in known:
+            raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(known)}")
+    return picked
 
 
 def replication_seed(seed: int, index: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Final
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.lab.calls import run_call
 from tidegate.lab.engine import EventQueue
-from tidegate.lab.replicate import replicate
+from tidegate.lab.replicate import chosen, replicate
 from tidegate.policy.attempts import AttemptPolicy, Call, Stop
 from tidegate.policy.breaker import BreakerOptions, CircuitBreaker
 from tidegate.policy.deadline import Deadline
@@ -304,13 +304,12 @@ def storm_summary(
     """Every strategy over independent replications (each on its own arrivals, the strategies
     of one replication on the same ones): per strategy, each figure a mean with its 95%
     interval."""
-    chosen = tuple(strategies)
-    for strategy in chosen:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     summary, _ = replicate(
         _storm_replication,
-        (options if options is not None else StormOptions(), chosen),
+        (
+            options if options is not None else StormOptions(),
+            chosen(strategies, STRATEGIES, "strategy"),
+        ),
         seed=seed,
         replications=replications,
         workers=jobs,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from tidegate.lab.engine import Fleet, Simulation, Traffic
-from tidegate.lab.replicate import replicate
+from tidegate.lab.replicate import chosen, replicate
 from tidegate.lab.report import Report
 from tidegate.lab.workload import Deterministic, Distribution, Poisson
 from tidegate.policy.admission import AdmissionOptions
@@ -389,13 +389,9 @@ def surge_summary(
 ) -> list[dict[str, Any]]:
     """:func:`sweep` over independent replications (the rungs of one replication on the same
     arrivals): per point, per rung, each figure a mean with its 95% interval."""
-    chosen = tuple(rungs)
-    for rung in chosen:
-        if rung not in RUNGS:
-            raise ValueError(f"unknown rung {rung!r}; choose from {', '.join(RUNGS)}")
     summary, _ = replicate(
         _surge_replication,
-        (options, tuple(multipliers), tuple(critical_shares), chosen),
+        (options, tuple(multipliers), tuple(critical_shares), chosen(rungs, RUNGS, "rung")),
         seed=seed,
         replications=replications,
         workers=jobs,

@@ -55,6 +55,9 @@ __all__ = [
     "KillSwitch",
     "RolloutAction",
     "admin_app",
+    "ask",
+    "connect",
+    "fail",
     "parse_value",
     "read_admin_key",
 ]
@@ -303,35 +306,70 @@ admin_app.add_typer(rollout_app, name="rollout")
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the server's JSON.")]
 WhoOption = Annotated[str, typer.Option("--who", help="Who makes the change (for the audit).")]
 WhyOption = Annotated[str, typer.Option("--why", help="Why (for the audit).")]
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", envvar=ADMIN_URL_ENV, help="The gateway's base URL.", show_default=False),
+]
+KeyFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--key-file",
+        envvar=ADMIN_KEY_FILE_ENV,
+        help="A file holding the admin key.",
+        show_default=False,
+    ),
+]
+TimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for the gateway.")]
+
+
+def fail(command: str, message: str, code: int) -> NoReturn:
+    """End ``tidegate COMMAND`` with ``message`` on standard error and the exit ``code``."""
+    typer.echo(f"tidegate {command}: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def connect(command: str, url: str | None, key_file: Path | None, timeout_s: float) -> AdminClient:
+    """The client of the gateway at ``url`` with the admin key in ``key_file``; a missing URL or
+    key file, or an unusable one, ends ``tidegate COMMAND`` as a usage error."""
+    if not url:
+        fail(command, f"give the gateway's URL: --url or {ADMIN_URL_ENV}", USAGE)
+    if key_file is None:
+        fail(command, f"give the admin key file: --key-file or {ADMIN_KEY_FILE_ENV}", USAGE)
+    try:
+        return AdminClient(url, read_admin_key(key_file), timeout_s)
+    except ValueError as exc:
+        fail(command, str(exc), USAGE)
+
+
+def refused(command: str, exc: AdminRefused) -> NoReturn:
+    """End ``tidegate COMMAND`` with the gateway's refusal."""
+    fail(command, f"the gateway refused: HTTP {exc.status} {exc.code}: {exc.message}", REFUSED)
+
+
+def ask(command: str, call: Callable[[], T]) -> T:
+    """One admin API call; a refusal or an unreachable gateway ends ``tidegate COMMAND`` with
+    its code."""
+    try:
+        return call()
+    except AdminRefused as exc:
+        refused(command, exc)
+    except AdminUnreachable as exc:
+        fail(command, str(exc), USAGE)
 
 
 @admin_app.callback()
 def _root(
     ctx: typer.Context,
-    url: Annotated[
-        str | None,
-        typer.Option(
-            "--url", envvar=ADMIN_URL_ENV, help="The gateway's base URL.", show_default=False
-        ),
-    ] = None,
-    key_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--key-file",
-            envvar=ADMIN_KEY_FILE_ENV,
-            help="A file holding the admin key.",
-            show_default=False,
-        ),
-    ] = None,
+    url: UrlOption = None,
+    key_file: KeyFileOption = None,
     json_output: JsonOption = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the gateway.")] = 10.0,
+    timeout: TimeoutOption = 10.0,
 ) -> None:
     ctx.obj = _Settings(url, key_file, json_output, timeout)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"tidegate admin: {message}", err=True)
-    raise typer.Exit(code)
+    fail("admin", message, code)
 
 
 def _settings(ctx: typer.Context) -> _Settings:
@@ -341,29 +379,13 @@ def _settings(ctx: typer.Context) -> _Settings:
 
 def _client(ctx: typer.Context) -> AdminClient:
     settings = _settings(ctx)
-    if not settings.url:
-        _fail(f"give the gateway's URL: --url or {ADMIN_URL_ENV}", USAGE)
-    if settings.key_file is None:
-        _fail(f"give the admin key file: --key-file or {ADMIN_KEY_FILE_ENV}", USAGE)
-    try:
-        key = read_admin_key(settings.key_file)
-        return AdminClient(settings.url, key, settings.timeout_s)
-    except ValueError as exc:
-        _fail(str(exc), USAGE)
-
-
-def _refused(exc: AdminRefused) -> NoReturn:
-    _fail(f"the gateway refused: HTTP {exc.status} {exc.code}: {exc.message}", REFUSED)
+    return connect("admin", settings.url, settings.key_file, settings.timeout_s)
 
 
 def _ask(ctx: typer.Context, call: Callable[[AdminClient], T]) -> T:
     """One admin API call; a refusal or an unreachable gateway ends the command with its code."""
-    try:
-        return call(_client(ctx))
-    except AdminRefused as exc:
-        _refused(exc)
-    except AdminUnreachable as exc:
-        _fail(str(exc), USAGE)
+    client = _client(ctx)
+    return ask("admin", lambda: call(client))
 
 
 def _wants_json(ctx: typer.Context, flag: bool) -> bool:
@@ -737,7 +759,7 @@ def rollout_status(
                 f"{exc.message}): it predates rollouts, or its admin API is off",
                 REFUSED,
             )
-        _refused(exc)
+        refused("admin", exc)
     except AdminUnreachable as exc:
         _fail(str(exc), USAGE)
     _show_rollouts(ctx, data if route is None else {route: data}, json_output)

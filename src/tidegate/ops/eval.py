@@ -45,6 +45,7 @@ from tidegate.errors import ConfigError, ProviderError
 from tidegate.gateway.build import build_provider
 from tidegate.gateway.canary import apply_version
 from tidegate.gateway.config import Config
+from tidegate.gateway.upstreams import upstream_configs
 from tidegate.providers.base import JSONObject, Provider
 from tidegate.state.sqlite import SQLiteDatabase
 from tidegate.state.verdicts import (
@@ -474,11 +475,12 @@ def resolve_target(
 ) -> tuple[str, Callable[[JSONObject], JSONObject] | None]:
     """The provider a target names, and how to shape requests for it.
 
-    A target is a provider name, or ``ALIAS@baseline`` / ``ALIAS@candidate``: a route's canary
+    A target is a provider name (or an upstream's, ``<provider>/<model>``, for one more model
+    its ``models`` lists), or ``ALIAS@baseline`` / ``ALIAS@candidate``: a route's canary
     version (its first provider, its system prompt and its parameters).
     """
     if "@" not in target:
-        if target not in config.providers:
+        if target not in upstream_configs(config):
             known = ", ".join(sorted(config.providers))
             raise ConfigError(
                 f"{config_path}: no provider {target!r} under providers (known: {known})"
@@ -507,7 +509,7 @@ async def evaluate(
 ) -> EvalReport:
     """Build the target's provider as the gateway does (:func:`build_provider`) and run the suite."""
     name, prepare = resolve_target(config, config_path, target)
-    cfg = config.providers[name]
+    cfg = upstream_configs(config)[name]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         provider = build_provider(
             name, cfg, session=session, config_path=config_path, clock=SystemClock()

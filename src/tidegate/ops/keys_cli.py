@@ -22,19 +22,21 @@ admin``'s: 0 done, 1 the gateway refused, 2 a usage error or an unreachable gate
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from urllib.parse import quote
 
 import typer
 
 from tidegate.ops.admin_client import (
-    ADMIN_KEY_FILE_ENV,
-    ADMIN_URL_ENV,
-    AdminClient,
-    AdminRefused,
-    AdminUnreachable,
-    read_admin_key,
+    USAGE,
+    JsonOption,
+    KeyFileOption,
+    TimeoutOption,
+    UrlOption,
+    WhyOption,
+    ask,
+    connect,
+    fail,
 )
 
 __all__ = ["keys_app"]
@@ -47,45 +49,25 @@ keys_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the server's JSON.")]
-WhyOption = Annotated[str, typer.Option("--why", help="Why (for the audit).")]
-
 
 @keys_app.callback()
 def _root(
     ctx: typer.Context,
-    url: Annotated[
-        str | None, typer.Option("--url", envvar=ADMIN_URL_ENV, help="The gateway's base URL.")
-    ] = None,
-    key_file: Annotated[
-        Path | None,
-        typer.Option("--key-file", envvar=ADMIN_KEY_FILE_ENV, help="A file holding the admin key."),
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the gateway.")] = 10.0,
+    url: UrlOption = None,
+    key_file: KeyFileOption = None,
+    timeout: TimeoutOption = 10.0,
 ) -> None:
     ctx.obj = (url, key_file, timeout)
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"tidegate keys: {message}", err=True)
-    raise typer.Exit(code)
+def _fail(message: str) -> NoReturn:
+    fail("keys", message, USAGE)
 
 
 def _call(ctx: typer.Context, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     url, key_file, timeout = ctx.obj or (None, None, 10.0)
-    if not url:
-        _fail(f"give the gateway's URL: --url or {ADMIN_URL_ENV}", 2)
-    if key_file is None:
-        _fail(f"give the admin key file: --key-file or {ADMIN_KEY_FILE_ENV}", 2)
-    try:
-        client = AdminClient(url, read_admin_key(key_file), timeout)
-        return client.call(method, "/admin/keys" + path, body=body)
-    except ValueError as exc:
-        _fail(str(exc), 2)
-    except AdminRefused as exc:
-        _fail(f"the gateway refused: HTTP {exc.status} {exc.code}: {exc.message}", 1)
-    except AdminUnreachable as exc:
-        _fail(str(exc), 2)
+    client = connect("keys", url, key_file, timeout)
+    return ask("keys", lambda: client.call(method, "/admin/keys" + path, body=body))
 
 
 def _emit(data: Any, as_json: bool, summary: str) -> None:
@@ -118,7 +100,7 @@ def _meta(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            _fail(f"--meta takes key=value, got {pair!r}", 2)
+            _fail(f"--meta takes key=value, got {pair!r}")
         found[name] = value
     return found
 
@@ -149,7 +131,7 @@ def create(
     if model:
         body["models"] = model
     if (rate_per_s is None) != (burst is None):
-        _fail("--rate-per-s and --burst go together", 2)
+        _fail("--rate-per-s and --burst go together")
     if rate_per_s is not None:
         body["rate_limit"] = {"rate_per_s": rate_per_s, "burst": burst}
     budget = {"calls": budget_calls, "tokens": budget_tokens, "cost_usd": budget_cost_usd}

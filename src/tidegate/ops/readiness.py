@@ -16,7 +16,8 @@ smoke test       the gateway built from the config, every provider replaced by a
 timeout chain    each layer gives up before the one above (:mod:`tidegate.ops.timeouts`)
 load at peak     the configured admission at ``--peak-rps`` through the lab: less than 1% shed
                  and the p95 under ``server.request_timeout_s``
-eval verdicts    no provider that is a fallback on a route has the latest verdict ``block``
+eval verdicts    each provider a route falls back to has a verdict that is not ``block``,
+                 and one (``go``/``review``) unless the config approves it itself
 eval suite       ``--suite`` run against ``--target``: not ``block``
 game day         the shipped release scenario (or ``--gameday``) replayed: the gate rolls the
                  bad canary back before full exposure
@@ -67,6 +68,7 @@ from tidegate.gateway.config import (
 )
 from tidegate.gateway.http import Message, Receive, Scope, Send
 from tidegate.gateway.runtime import build_runtime
+from tidegate.gateway.upstreams import upstream_configs
 from tidegate.lab.engine import Fleet, Traffic, simulate
 from tidegate.lab.gameday import load_scenario, run_release
 from tidegate.lab.workload import Deterministic, Poisson, parse_distribution
@@ -918,7 +920,9 @@ def check_eval_verdicts(
     store: str | None = None,
     fresh: Mapping[str, EvalVerdict] | None = None,
 ) -> CheckResult:
-    """No provider that a route falls back to has ``block`` as its latest eval verdict.
+    """Every provider that a route falls back to may be used automatically by evidence: its
+    latest eval verdict is not ``block``, and it has one (``go`` or ``review``) unless the config
+    approves it explicitly (``approved_fallback: true``) or takes it out (``false``).
 
     ``store`` defaults to where ``tidegate eval`` records them for this config; ``fresh``
     verdicts (from ``--suite``) take the place of the stored ones.
@@ -934,21 +938,36 @@ def check_eval_verdicts(
     except ValueError as exc:
         return _failed(name, f"cannot read the verdicts in {where}: {exc}")
     fallbacks = _fallbacks(config)
-    blocked = [
-        f"{provider} is a fallback on {', '.join(routes)} and its latest verdict is block"
-        for provider, routes in sorted(fallbacks.items())
-        if verdicts.get(provider) is EvalVerdict.BLOCK
-    ]
-    if blocked:
-        return _failed(name, f"{len(blocked)} blocked fallback(s) (verdicts: {where})", blocked)
     if not fallbacks:
         return _ok(name, "no route falls back to another provider")
-    judged = [p for p in sorted(fallbacks) if p in verdicts]
-    unjudged = [p for p in sorted(fallbacks) if p not in verdicts]
-    parts = [f"{p} {verdicts[p].value}" for p in judged]
-    if unjudged:
-        parts.append(f"no verdict yet for {', '.join(unjudged)}")
-    return _ok(name, f"no fallback is blocked ({'; '.join(parts)}; verdicts: {where})")
+    upstreams = upstream_configs(config)
+    blocked, unjudged, parts = [], [], []
+    for provider, routes in sorted(fallbacks.items()):
+        verdict, approved = verdicts.get(provider), upstreams[provider].approved_fallback
+        on = f"{provider} is a fallback on {', '.join(routes)}"
+        if verdict is EvalVerdict.BLOCK:
+            blocked.append(f"{on} and its latest verdict is block")
+        elif verdict is None and approved is None:
+            unjudged.append(
+                f"{on} and has no eval verdict, so failover skips it: run tidegate eval "
+                f"{provider}, or approve it with approved_fallback: true and a reason"
+            )
+        parts.append(_fallback_state(provider, verdict, approved))
+    if blocked or unjudged:
+        counts = [f"{len(blocked)} blocked"] if blocked else []
+        counts += [f"{len(unjudged)} without a verdict"] if unjudged else []
+        summary = f"fallback(s) {' and '.join(counts)} (verdicts: {where})"
+        return _failed(name, summary, blocked + unjudged)
+    return _ok(name, f"every fallback is approved ({'; '.join(parts)}; verdicts: {where})")
+
+
+def _fallback_state(provider: str, verdict: EvalVerdict | None, approved: bool | None) -> str:
+    """One fallback as the summary shows it: its verdict, and the config's say if it has one."""
+    if approved is False:
+        return f"{provider} off (approved_fallback: false)"
+    if verdict is None:
+        return f"{provider} approved in config, no verdict yet" if approved else provider
+    return f"{provider} {verdict.value}"
 
 
 def check_eval_suite(

@@ -21,14 +21,7 @@ from rich.table import Table
 from tidegate.clock import SystemClock
 from tidegate.errors import ConfigError, StoreError, TidegateError
 from tidegate.gateway.spend_api import GROUP_COLUMNS, groups_csv, report, rows_csv, spend_range
-from tidegate.ops.admin_client import (
-    ADMIN_KEY_FILE_ENV,
-    ADMIN_URL_ENV,
-    AdminClient,
-    AdminRefused,
-    AdminUnreachable,
-    read_admin_key,
-)
+from tidegate.ops.admin_client import ADMIN_KEY_FILE_ENV, ADMIN_URL_ENV, ask, connect
 from tidegate.state.ledger import COLUMNS, GROUPS, GroupBy, LedgerRow, SpendGroup
 from tidegate.state.url import store_from_url
 
@@ -52,9 +45,9 @@ def _from_gateway(
 ) -> dict[str, Any]:
     if key_file is None:
         raise typer.BadParameter(f"give the admin key file: --key-file or {ADMIN_KEY_FILE_ENV}")
-    client = AdminClient(url, read_admin_key(key_file))
+    client = connect("spend", url, key_file, 10.0)
     path = "/admin/spend/rows" if rows else "/admin/spend"
-    return cast("dict[str, Any]", client.call("GET", path, query=query))
+    return cast("dict[str, Any]", ask("spend", lambda: client.call("GET", path, query=query)))
 
 
 def _print(data: dict[str, Any], *, rows: bool, as_csv: bool, group_by: str) -> None:
@@ -126,12 +119,6 @@ def spend_command(
             typer.echo(f"tidegate spend: give --state-url, or --url ({ADMIN_URL_ENV})", err=True)
             raise typer.Exit(2)
     except (TidegateError, ConfigError, StoreError, ValueError) as exc:
-        typer.echo(f"tidegate spend: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except AdminRefused as exc:
-        typer.echo(f"tidegate spend: the gateway refused: {exc}", err=True)
-        raise typer.Exit(1) from None
-    except AdminUnreachable as exc:
         typer.echo(f"tidegate spend: {exc}", err=True)
         raise typer.Exit(2) from None
     if as_json:

@@ -40,9 +40,9 @@ from pydantic import ValidationError
 
 from tidegate.errors import ConfigError
 from tidegate.gateway.config import Config, load_config
-from tidegate.gateway.timing import timeout_chains
+from tidegate.gateway.timing import layer_problems, timeout_chains
 from tidegate.ops.findings import Finding, Rule, Severity, rule_table
-from tidegate.policy.deadline import Layer, chain_problems
+from tidegate.policy.deadline import Layer
 
 __all__ = [
     "AWS_IDLE_TIMEOUT",
@@ -209,14 +209,10 @@ def gateway_chains(config: Config, where: str) -> list[list[Timed]]:
 def check_chain(chain: Sequence[Timed]) -> list[Finding]:
     """A TMO002 finding for every layer that would outlive a layer above it."""
     findings: list[Finding] = []
-    layers = [t.layer for t in chain]
-    seen = 0
-    for index, timed in enumerate(chain):
-        problems = chain_problems(layers[: index + 1])
-        if len(problems) > seen:
-            seen = len(problems)
-            detail = f" ({timed.detail})" if timed.detail else ""
-            findings.append(RULES["TMO002"].finding(problems[-1] + detail, timed.where))
+    for index, problem in layer_problems([t.layer for t in chain]):
+        timed = chain[index]
+        detail = f" ({timed.detail})" if timed.detail else ""
+        findings.append(RULES["TMO002"].finding(problem + detail, timed.where))
     return findings
 
 

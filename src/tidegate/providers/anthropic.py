@@ -58,17 +58,36 @@ from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
 from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
+from tidegate.providers.translate import (
+    append_turn,
+    completion_with_calls,
+    content_parts,
+    data_url,
+    function_tools,
+    includes_usage,
+    max_tokens_of,
+    refused_features,
+    stop_sequences,
+    token_count,
+    tool_arguments_delta,
+    tool_call,
+    tool_call_delta,
+    tool_call_function,
+    tool_result_text,
+    usage_with_cache,
+)
 from tidegate.providers.transport import (
     HTTPAnswer,
+    answer_object,
     error_info,
     error_message,
-    not_an_answer,
-    parse_json_object,
+    json_events,
+    kind_for_status,
     post_json,
     retry_after_from,
     stream_events,
 )
-from tidegate.providers.wire import chat_chunk, chat_completion
+from tidegate.providers.wire import chat_chunk
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -124,24 +143,8 @@ def anthropic_error_for(
     if status < 300:
         status = _STATUS_OF_TYPE.get(info.type, 500 if info.type or info.message else 0)
     message = error_message(answer, info, redactor)
-    if status == 429:
-        kind = K.RATE_LIMITED
-    elif status in (503, 529):
-        kind = K.OVERLOADED
-    elif status in (408, 504):
-        kind = K.TIMEOUT
-    elif status >= 500:
-        kind = K.SERVER
-    elif status in (401, 403):
-        kind = K.AUTH
-    elif status == 404:
-        kind = K.NOT_FOUND
-    elif status == 400 and _TOO_LONG.search(info.message):
-        kind = K.CONTEXT_LENGTH
-    elif status >= 400:
-        kind = K.BAD_REQUEST
-    else:
-        kind = K.MALFORMED
+    kind = kind_for_status(status, info.message, _TOO_LONG)
+    if kind is K.MALFORMED:
         message = f"HTTP {answer.status} with a body that is not the expected JSON"
     return ProviderError(
         kind,
@@ -184,14 +187,7 @@ def finish_reason_for(stop_reason: str | None) -> str | None:
 
 def _unsupported(body: JSONObject, provider: str) -> None:
     # The legacy ``functions`` (and ``function_call``) are refused: ``tools`` is their form.
-    refused = [key for key in ("functions", "audio") if body.get(key)]
-    if body.get("n") not in (None, 1):
-        refused.append("n")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        refused.append("logprobs")
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        refused.append("response_format")
+    refused = refused_features(body, ("functions", "audio"))
     if refused:
         raise ProviderError(
             K.BAD_REQUEST,
@@ -202,9 +198,8 @@ def _unsupported(body: JSONObject, provider: str) -> None:
 
 def _image_block(url: str, provider: str) -> JSONObject:
     if url.startswith("data:"):
-        header, _, data = url.partition(",")
-        media_type = header[len("data:") :].split(";")[0]
-        if ";base64" not in header or not media_type:
+        media_type, base64, data = data_url(url)
+        if not base64 or not media_type:
             raise ProviderError(
                 K.BAD_REQUEST,
                 "an image data URL must be base64 with a media type",
@@ -218,30 +213,10 @@ def _image_block(url: str, provider: str) -> JSONObject:
 
 
 def _blocks(content: Any, provider: str) -> list[JSONObject]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise ProviderError(
-            K.BAD_REQUEST, "message content must be text or parts", provider=provider
-        )
-    blocks: list[JSONObject] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            blocks.append({"type": "text", "text": str(part.get("text", ""))})
-        elif kind == "image_url":
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            blocks.append(_image_block(str(url), provider))
-        else:
-            raise ProviderError(
-                K.BAD_REQUEST,
-                f"the Anthropic translation does not support {kind!r} content parts",
-                provider=provider,
-            )
-    return blocks
+    return [
+        {"type": "text", "text": str(value)} if kind == "text" else _image_block(value, provider)
+        for kind, value in content_parts(content, provider, "Anthropic")
+    ]
 
 
 def _text_of(blocks: list[JSONObject]) -> str:
@@ -271,23 +246,18 @@ def to_messages_request(
                 f"the Anthropic translation does not support {role!r} messages",
                 provider=provider,
             )
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
+        append_turn(turns, role, blocks, "content")
     for turn in turns:
         blocks = turn["content"]
         if all(block["type"] == "text" for block in blocks):
             turn["content"] = _text_of(blocks)  # the plain form, as a person would write it
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
+    max_tokens = max_tokens_of(body) or default_max_tokens
     request: JSONObject = {"model": body.get("model"), "max_tokens": max_tokens, "messages": turns}
     if system:
         request["system"] = "\n\n".join(system)
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        request["stop_sequences"] = [stop]
-    elif isinstance(stop, list) and stop:
-        request["stop_sequences"] = list(stop)
+    stop = stop_sequences(body)
+    if stop:
+        request["stop_sequences"] = stop
     for key in ("temperature", "top_p", "stream"):
         if body.get(key) is not None:
             request[key] = body[key]
@@ -299,17 +269,7 @@ def to_messages_request(
 
 def _tool_use(call: Any, provider: str) -> JSONObject:
     """An OpenAI tool call as a ``tool_use`` block (its arguments must be a JSON object)."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        raise ProviderError(K.BAD_REQUEST, "a tool call without a function", provider=provider)
-    try:
-        arguments = orjson.loads(function.get("arguments") or "{}")
-    except orjson.JSONDecodeError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        raise ProviderError(
-            K.BAD_REQUEST, "a tool call's arguments must be a JSON object", provider=provider
-        )
+    function, arguments = tool_call_function(call, provider)
     return {
         "type": "tool_use",
         "id": str(call.get("id", "")),
@@ -319,13 +279,10 @@ def _tool_use(call: Any, provider: str) -> JSONObject:
 
 
 def _tool_result(message: JSONObject) -> JSONObject:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return {
         "type": "tool_result",
         "tool_use_id": str(message.get("tool_call_id", "")),
-        "content": str(content or ""),
+        "content": tool_result_text(message),
     }
 
 
@@ -333,17 +290,8 @@ def _tools(body: JSONObject, provider: str) -> JSONObject:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as Anthropic has them."""
     options: JSONObject = {}
     tools = []
-    given = body.get("tools") or ()
-    if not isinstance(given, list | tuple):
-        raise ProviderError(K.BAD_REQUEST, "tools must be a list", provider=provider)
-    for tool in given:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type") != "function":
-            raise ProviderError(
-                K.BAD_REQUEST,
-                "the Anthropic translation takes function tools only",
-                provider=provider,
-            )
+    refusal = "the Anthropic translation takes function tools only"
+    for function in function_tools(body, provider, refusal=refusal):
         entry: JSONObject = {
             "name": function.get("name"),
             "input_schema": function.get("parameters") or {"type": "object"},
@@ -368,25 +316,12 @@ def _tools(body: JSONObject, provider: str) -> JSONObject:
     return options
 
 
-def _count(value: Any) -> int:
-    # A count that is not a number counts as none: int("many") would be a crash, not an answer.
-    return int(value) if isinstance(value, int | float) and 0 <= value < 2**53 else 0
-
-
 def _usage(raw: Mapping[str, Any]) -> JSONObject:
-    cached = _count(raw.get("cache_read_input_tokens"))
+    cached = token_count(raw.get("cache_read_input_tokens"))
     # OpenAI's prompt_tokens includes cached input; Anthropic counts cache reads and writes apart.
-    prompt = _count(raw.get("input_tokens")) + cached
-    prompt += _count(raw.get("cache_creation_input_tokens"))
-    completion = _count(raw.get("output_tokens"))
-    result: JSONObject = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    if cached:
-        result["prompt_tokens_details"] = {"cached_tokens": cached}
-    return result
+    prompt = token_count(raw.get("input_tokens")) + cached
+    prompt += token_count(raw.get("cache_creation_input_tokens"))
+    return usage_with_cache(prompt, token_count(raw.get("output_tokens")), cached)
 
 
 def from_messages_response(data: JSONObject, *, created: int) -> JSONObject:
@@ -394,29 +329,19 @@ def from_messages_response(data: JSONObject, *, created: int) -> JSONObject:
     that :func:`messages_response_problem` accepted."""
     blocks = [block for block in data.get("content") or [] if isinstance(block, dict)]
     calls = [
-        {
-            "id": str(block.get("id", "")),
-            "type": "function",
-            "function": {
-                "name": str(block.get("name", "")),
-                "arguments": orjson.dumps(block.get("input") or {}).decode(),
-            },
-        }
+        tool_call(str(block.get("id", "")), str(block.get("name", "")), block.get("input") or {})
         for block in blocks
         if block.get("type") == "tool_use"
     ]
-    completion = chat_completion(
+    return completion_with_calls(
         id=str(data.get("id", "")),
         model=str(data.get("model", "")),
         created=created,
-        content=_text_of(blocks),
+        text=_text_of(blocks),
         finish_reason=finish_reason_for(data.get("stop_reason")),
         usage=_usage(data.get("usage") or {}),
-        tool_calls=calls or None,
+        calls=calls,
     )
-    if calls and _text_of(blocks):  # text before the calls: kept beside them
-        completion["choices"][0]["message"]["content"] = _text_of(blocks)
-    return completion
 
 
 class AnthropicStreamTranslator:
@@ -505,17 +430,12 @@ class AnthropicStreamTranslator:
         position = event.get("index", 0)
         if block.get("type") == "tool_use":
             index = self._tools[position] = len(self._tools)
-            call = {
-                "index": index,
-                "id": str(block.get("id", "")),
-                "type": "function",
-                "function": {"name": str(block.get("name", "")), "arguments": ""},
-            }
+            call = tool_call_delta(index, str(block.get("id", "")), str(block.get("name", "")))
             return [self._chunk(delta={"tool_calls": [call]})]
         piece = block.get("partial_json")
         if position not in self._tools or not piece:
             return []
-        call = {"index": self._tools[position], "function": {"arguments": piece}}
+        call = tool_arguments_delta(self._tools[position], piece)
         return [self._chunk(delta={"tool_calls": [call]})]
 
 
@@ -577,17 +497,14 @@ class AnthropicProvider:
             provider=self.name,
             redactor=self._redactor,
         )
-        if not 200 <= answer.status < 300:
-            raise self._error_for(answer)
-        data = parse_json_object(answer.body)
-        if data is None:
-            problem = "the body is not a JSON object"
-        else:
-            found = messages_response_problem(data)
-            if found is None:
-                return from_messages_response(data, created=int(self._clock.wall()))
-            problem = found
-        raise not_an_answer(answer, problem, provider=self.name, redactor=self._redactor, data=data)
+        data = answer_object(
+            answer,
+            messages_response_problem,
+            error_for=self._error_for,
+            provider=self.name,
+            redactor=self._redactor,
+        )
+        return from_messages_response(data, created=int(self._clock.wall()))
 
     async def stream(
         self,
@@ -602,10 +519,9 @@ class AnthropicProvider:
         ``StreamEnd(done_seen=True)`` follows ``message_stop``; an event whose data is not a
         JSON object is yielded as :class:`MalformedChunk`.
         """
-        options = body.get("stream_options")
         translator = AnthropicStreamTranslator(
             created=int(self._clock.wall()),
-            include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+            include_usage=includes_usage(body),
             provider=self.name,
             redactor=self._redactor,
         )
@@ -621,13 +537,13 @@ class AnthropicProvider:
             error_for=self._error_for,
             redactor=self._redactor,
         )
-        async with aclosing(events):
-            async for event in events:
-                data = parse_json_object(event.data)
-                if data is None:
-                    yield MalformedChunk(event.data)
+        async with aclosing(json_events(events)) as items:
+            async for item in items:
+                if isinstance(item, MalformedChunk):
+                    yield item
                     continue
-                data.setdefault("type", event.event)
+                name, data = item
+                data.setdefault("type", name)
                 for chunk in translator.feed(data):
                     yield chunk
                 if translator.done:

@@ -63,15 +63,35 @@ from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ConfigError, ProviderError, ProviderErrorKind
 from tidegate.providers.base import JSONObject, MalformedChunk, Provider, StreamEnd, StreamItem
 from tidegate.providers.redact import NO_SECRETS, Redactor
+from tidegate.providers.translate import (
+    append_turn,
+    completion_with_calls,
+    content_parts,
+    data_url,
+    function_tools,
+    includes_usage,
+    max_tokens_of,
+    refused_features,
+    stop_sequences,
+    token_count,
+    tool_arguments_delta,
+    tool_call,
+    tool_call_delta,
+    tool_call_function,
+    tool_result_text,
+    usage_with_cache,
+)
 from tidegate.providers.transport import (
     NO_CLIENT_TIMEOUT,
     HTTPAnswer,
+    answer_object,
     exception_to_error,
+    kind_for_status,
     not_an_answer,
     parse_json_object,
     retry_after_from,
 )
-from tidegate.providers.wire import chat_chunk, chat_completion
+from tidegate.providers.wire import chat_chunk
 from tidegate.timers import timeout_after, timeout_at
 
 __all__ = [
@@ -156,14 +176,7 @@ def _refuse(what: str, provider: str) -> ProviderError:
 
 
 def _unsupported(body: JSONObject, provider: str) -> None:
-    refused = [key for key in ("functions", "audio", "prediction") if body.get(key)]
-    if body.get("n") not in (None, 1):
-        refused.append("n")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        refused.append("logprobs")
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        refused.append("response_format")
+    refused = refused_features(body, ("functions", "audio", "prediction"))
     if body.get("parallel_tool_calls") is False and body.get("tools"):
         refused.append("parallel_tool_calls: false")
     if refused:
@@ -181,10 +194,9 @@ def _unsupported(body: JSONObject, provider: str) -> None:
 def _image_block(url: str, provider: str) -> JSONObject:
     """An image part as Converse has it: bytes from a base64 data URL, or an S3 location."""
     if url.startswith("data:"):
-        header, _, data = url.partition(",")
-        media_type = header[len("data:") :].split(";")[0]
+        media_type, base64, data = data_url(url)
         fmt = _IMAGE_FORMATS.get(media_type.removeprefix("image/").lower())
-        if ";base64" not in header or not media_type.startswith("image/") or fmt is None:
+        if not base64 or not media_type.startswith("image/") or fmt is None:
             raise ProviderError(
                 K.BAD_REQUEST,
                 "an image data URL must be base64 PNG, JPEG, GIF or WebP",
@@ -201,27 +213,12 @@ def _image_block(url: str, provider: str) -> JSONObject:
 
 def _blocks(content: Any, provider: str) -> list[JSONObject]:
     """Message content as Converse content blocks (empty text is left out: Bedrock refuses it)."""
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    if not isinstance(content, list):
-        raise ProviderError(
-            K.BAD_REQUEST, "message content must be text or parts", provider=provider
-        )
     blocks: list[JSONObject] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            text = str(part.get("text") or "")
-            if text:
-                blocks.append({"text": text})
-        elif kind == "image_url":
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            blocks.append(_image_block(str(url), provider))
-        else:
-            raise _refuse(f"{kind!r} content parts", provider)
+    for kind, value in content_parts(content, provider, "Bedrock"):
+        if kind == "image_url":
+            blocks.append(_image_block(value, provider))
+        elif text := str(value or ""):
+            blocks.append({"text": text})
     return blocks
 
 
@@ -231,17 +228,7 @@ def _text_of(blocks: list[JSONObject]) -> str:
 
 def _tool_use(call: Any, provider: str) -> JSONObject:
     """An OpenAI tool call as a ``toolUse`` block (its arguments must be a JSON object)."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        raise ProviderError(K.BAD_REQUEST, "a tool call without a function", provider=provider)
-    try:
-        arguments = orjson.loads(function.get("arguments") or "{}")
-    except orjson.JSONDecodeError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        raise ProviderError(
-            K.BAD_REQUEST, "a tool call's arguments must be a JSON object", provider=provider
-        )
+    function, arguments = tool_call_function(call, provider)
     return {
         "toolUse": {
             "toolUseId": str(call.get("id", "")),
@@ -252,13 +239,10 @@ def _tool_use(call: Any, provider: str) -> JSONObject:
 
 
 def _tool_result(message: JSONObject) -> JSONObject:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return {
         "toolResult": {
             "toolUseId": str(message.get("tool_call_id", "")),
-            "content": [{"text": str(content or "")}],
+            "content": [{"text": tool_result_text(message)}],
         }
     }
 
@@ -281,19 +265,12 @@ def _turns(messages: Any, provider: str) -> tuple[list[JSONObject], list[JSONObj
             blocks += [_tool_use(call, provider) for call in message.get("tool_calls") or ()]
         else:
             raise _refuse(f"{role!r} messages", provider)
-        if not blocks:
-            continue
-        if turns and turns[-1]["role"] == role:  # Converse alternates roles
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
+        if blocks:
+            append_turn(turns, role, blocks, "content")
     return system, turns
 
 
-def _tool_spec(tool: Any, provider: str) -> JSONObject:
-    function = tool.get("function") if isinstance(tool, dict) else None
-    if not isinstance(function, dict) or tool.get("type") != "function":
-        raise _refuse("tools other than functions", provider)
+def _tool_spec(function: JSONObject) -> JSONObject:
     spec: JSONObject = {
         "name": str(function.get("name", "")),
         "inputSchema": {"json": function.get("parameters") or {"type": "object"}},
@@ -313,10 +290,8 @@ def _has_tool_blocks(turns: list[JSONObject]) -> bool:
 
 def _tool_config(body: JSONObject, turns: list[JSONObject], provider: str) -> JSONObject | None:
     """``toolConfig`` for ``tools`` and ``tool_choice`` (``None``: no tools offered)."""
-    given = body.get("tools") or ()
-    if not isinstance(given, list | tuple):
-        raise ProviderError(K.BAD_REQUEST, "tools must be a list", provider=provider)
-    tools = [_tool_spec(tool, provider) for tool in given]
+    refusal = "the Bedrock translation does not support tools other than functions"
+    tools = [_tool_spec(function) for function in function_tools(body, provider, refusal=refusal)]
     choice = body.get("tool_choice")
     if choice == "none":
         # Converse has no "none": the tools are not offered, unless the turns already use them
@@ -340,17 +315,15 @@ def _tool_config(body: JSONObject, turns: list[JSONObject], provider: str) -> JS
 
 def _inference_config(body: JSONObject) -> JSONObject:
     config: JSONObject = {}
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = max_tokens_of(body)
     if max_tokens is not None:
         config["maxTokens"] = max_tokens
     if body.get("temperature") is not None:
         config["temperature"] = body["temperature"]
     if body.get("top_p") is not None:
         config["topP"] = body["top_p"]
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        config["stopSequences"] = [stop]
-    elif isinstance(stop, list) and stop:
+    stop = stop_sequences(body)
+    if stop:
         config["stopSequences"] = [str(item) for item in stop]
     return config
 
@@ -426,23 +399,12 @@ def converse_response_problem(data: JSONObject) -> str | None:
     return None
 
 
-def _count(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and 0 <= value < 2**53 else 0
-
-
 def _usage(raw: Mapping[str, Any]) -> JSONObject:
-    cached = _count(raw.get("cacheReadInputTokens"))
+    cached = token_count(raw.get("cacheReadInputTokens"))
     # OpenAI's prompt_tokens includes cached input; Converse counts cache reads and writes apart.
-    prompt = _count(raw.get("inputTokens")) + cached + _count(raw.get("cacheWriteInputTokens"))
-    completion = _count(raw.get("outputTokens"))
-    result: JSONObject = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    if cached:
-        result["prompt_tokens_details"] = {"cached_tokens": cached}
-    return result
+    prompt = token_count(raw.get("inputTokens")) + cached
+    prompt += token_count(raw.get("cacheWriteInputTokens"))
+    return usage_with_cache(prompt, token_count(raw.get("outputTokens")), cached)
 
 
 def from_converse_response(data: JSONObject, *, id: str, model: str, created: int) -> JSONObject:
@@ -453,29 +415,18 @@ def from_converse_response(data: JSONObject, *, id: str, model: str, created: in
     for block in blocks:
         use = block.get("toolUse")
         if isinstance(use, dict):
-            calls.append(
-                {
-                    "id": str(use.get("toolUseId", "")),
-                    "type": "function",
-                    "function": {
-                        "name": str(use.get("name", "")),
-                        "arguments": orjson.dumps(use.get("input") or {}).decode(),
-                    },
-                }
-            )
+            name = str(use.get("name", ""))
+            calls.append(tool_call(str(use.get("toolUseId", "")), name, use.get("input") or {}))
     text = "".join(str(block["text"]) for block in blocks if isinstance(block.get("text"), str))
-    completion = chat_completion(
+    return completion_with_calls(
         id=id,
         model=model,
         created=created,
-        content=text,
+        text=text,
         finish_reason=finish_reason_for(data.get("stopReason")),
         usage=_usage(data.get("usage") or {}),
-        tool_calls=calls or None,
+        calls=calls,
     )
-    if calls and text:  # text before the calls: kept beside them
-        completion["choices"][0]["message"]["content"] = text
-    return completion
 
 
 # --------------------------------------------------------------------------- errors
@@ -509,24 +460,6 @@ _TOO_LONG = re.compile(
 )
 
 
-def _kind_by_status(status: int, message: str) -> ProviderErrorKind:
-    if status == 429:
-        return K.RATE_LIMITED
-    if status == 503:
-        return K.OVERLOADED
-    if status in (408, 504):
-        return K.TIMEOUT
-    if status >= 500:
-        return K.SERVER
-    if status in (401, 403):
-        return K.AUTH
-    if status == 404:
-        return K.NOT_FOUND
-    if status == 400 and _TOO_LONG.search(message):
-        return K.CONTEXT_LENGTH
-    return K.BAD_REQUEST if status >= 400 else K.MALFORMED
-
-
 @dataclass(frozen=True, slots=True)
 class BedrockErrorReport:
     """What Bedrock said of a failure: the bare error type (``ThrottlingException``, or ``""``),
@@ -555,7 +488,7 @@ def bedrock_error(
             kind = K.CONTEXT_LENGTH
     else:
         status = status or (500 if error_type else 0)
-        kind = _kind_by_status(status, report.text)
+        kind = kind_for_status(status, report.text, _TOO_LONG, overloaded=(503,))
     if kind is K.MALFORMED:
         message = f"HTTP {status} with a body that is not the expected JSON"
     else:
@@ -676,19 +609,14 @@ class ConverseStreamTranslator:
         if not isinstance(use, dict):
             return []
         index = self._tools[position] = len(self._tools)
-        call = {
-            "index": index,
-            "id": str(use.get("toolUseId", "")),
-            "type": "function",
-            "function": {"name": str(use.get("name", "")), "arguments": ""},
-        }
+        call = tool_call_delta(index, str(use.get("toolUseId", "")), str(use.get("name", "")))
         return [self._chunk(delta={"tool_calls": [call]})]
 
     def _tool_piece(self, position: Any, use: JSONObject) -> list[JSONObject]:
         piece = use.get("input")
         if position not in self._tools or not isinstance(piece, str) or not piece:
             return []
-        call = {"index": self._tools[position], "function": {"arguments": piece}}
+        call = tool_arguments_delta(self._tools[position], piece)
         return [self._chunk(delta={"tool_calls": [call]})]
 
 
@@ -811,23 +739,20 @@ class BedrockProvider:
         model, url, payload = self._request(body, "converse")
         headers = await self._headers(url, payload, accept="application/json")
         answer = await self._post(url, payload, headers, timeout)
-        if not 200 <= answer.status < 300:
-            raise self._error_for(answer)
-        data = parse_json_object(answer.body)
-        if data is None:
-            problem = "the body is not a JSON object"
-        else:
-            found = converse_response_problem(data)
-            if found is None:
-                _check_stop(data.get("stopReason"), self.name)
-                return from_converse_response(
-                    data,
-                    id=self._completion_id(answer.headers),
-                    model=model,
-                    created=int(self._clock.wall()),
-                )
-            problem = found
-        raise not_an_answer(answer, problem, provider=self.name, redactor=self._redactor, data=data)
+        data = answer_object(
+            answer,
+            converse_response_problem,
+            error_for=self._error_for,
+            provider=self.name,
+            redactor=self._redactor,
+        )
+        _check_stop(data.get("stopReason"), self.name)
+        return from_converse_response(
+            data,
+            id=self._completion_id(answer.headers),
+            model=model,
+            created=int(self._clock.wall()),
+        )
 
     async def stream(
         self,
@@ -845,8 +770,7 @@ class BedrockProvider:
         """
         model, url, payload = self._request(body, "converse-stream")
         headers = await self._headers(url, payload, accept=EVENT_STREAM)
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        include_usage = includes_usage(body)
         loop = asyncio.get_running_loop()
         limits = _Limits(timeout, chunk_timeout, total_timeout, loop.time())
         translator: ConverseStreamTranslator | None = None

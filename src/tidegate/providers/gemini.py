@@ -41,11 +41,12 @@ from tidegate.providers.gemini_wire import (
     to_generate_request,
 )
 from tidegate.providers.redact import Redactor
+from tidegate.providers.translate import includes_usage
 from tidegate.providers.transport import (
     HTTPAnswer,
+    answer_object,
     exception_to_error,
-    not_an_answer,
-    parse_json_object,
+    json_events,
     post_json,
     stream_events,
 )
@@ -294,14 +295,12 @@ class GeminiProvider:
     def _answer(
         self, answer: HTTPAnswer, problem_of: Callable[[JSONObject], str | None]
     ) -> JSONObject:
-        if not 200 <= answer.status < 300:
-            raise self._error_for(answer)
-        data = parse_json_object(answer.body)
-        problem = "the body is not a JSON object" if data is None else problem_of(data)
-        if data is not None and problem is None:
-            return data
-        raise not_an_answer(
-            answer, problem or "", provider=self.name, redactor=self.redactor, data=data
+        return answer_object(
+            answer,
+            problem_of,
+            error_for=self._error_for,
+            provider=self.name,
+            redactor=self.redactor,
         )
 
     async def complete(
@@ -340,11 +339,10 @@ class GeminiProvider:
         """
         url = self._url(body, "streamGenerateContent") + "?alt=sse"
         payload = self._payload(body)
-        options = body.get("stream_options")
         translator = GeminiStreamTranslator(
             created=int(self._clock.wall()),
             model=str(body["model"]),
-            include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+            include_usage=includes_usage(body),
             provider=self.name,
             redactor=self.redactor,
         )
@@ -363,13 +361,12 @@ class GeminiProvider:
             error_for=self._error_for,
             redactor=self.redactor,
         )
-        async with aclosing(events):
-            async for event in events:
-                data = parse_json_object(event.data)
-                if data is None:
-                    yield MalformedChunk(event.data)
+        async with aclosing(json_events(events)) as items:
+            async for item in items:
+                if isinstance(item, MalformedChunk):
+                    yield item
                     continue
-                for chunk in translator.feed(data):
+                for chunk in translator.feed(item[1]):
                     yield chunk
         for chunk in translator.finish():
             yield chunk

@@ -21,7 +21,25 @@ from tidegate.errors import ProviderError, ProviderErrorKind
 from tidegate.ids import new_id
 from tidegate.providers.base import JSONObject
 from tidegate.providers.redact import NO_SECRETS, Redactor, request_id_of
-from tidegate.providers.transport import HTTPAnswer, parse_json_object, retry_after_from
+from tidegate.providers.translate import (
+    append_turn,
+    content_parts,
+    data_url,
+    function_tools,
+    max_tokens_of,
+    stop_sequences,
+    token_count,
+    tool_call,
+    tool_call_function,
+    tool_result_text,
+    usage_with_cache,
+)
+from tidegate.providers.transport import (
+    HTTPAnswer,
+    kind_for_status,
+    parse_json_object,
+    retry_after_from,
+)
 from tidegate.providers.wire import chat_chunk, chat_completion
 
 __all__ = [
@@ -111,35 +129,19 @@ def _inline_data(url: str, provider: str) -> JSONObject:
     """A ``data:`` URL as an ``inlineData`` part; web URLs are refused (Gemini fetches none)."""
     if not url.startswith("data:"):
         raise _refuse("the Gemini translation takes images as base64 data: URLs only", provider)
-    header, _, data = url.partition(",")
-    mime_type = header[len("data:") :].split(";")[0]
-    if ";base64" not in header or not mime_type or not data:
+    mime_type, is_base64, data = data_url(url)
+    if not is_base64 or not mime_type or not data:
         raise _refuse("an image data URL must be base64 with a media type", provider)
     return {"inlineData": {"mimeType": mime_type, "data": data}}
 
 
 def _parts(content: Any, provider: str) -> list[JSONObject]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    if not isinstance(content, list):
-        raise _refuse("message content must be text or parts", provider)
     parts: list[JSONObject] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            text = str(part.get("text", ""))
-            if text:
-                parts.append({"text": text})
-        elif kind == "image_url":
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            parts.append(_inline_data(str(url), provider))
-        else:
-            raise _refuse(
-                f"the Gemini translation does not support {kind!r} content parts", provider
-            )
+    for kind, value in content_parts(content, provider, "Gemini"):
+        if kind == "image_url":
+            parts.append(_inline_data(value, provider))
+        elif text := str(value):
+            parts.append({"text": text})
     return parts
 
 
@@ -168,15 +170,7 @@ def _call_id(signature: Any) -> str:
 
 def _function_call_part(call: Any, provider: str) -> tuple[str, JSONObject]:
     """An OpenAI tool call as a ``functionCall`` part, and the call's id."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not function.get("name"):
-        raise _refuse("a tool call without a function name", provider)
-    try:
-        arguments = orjson.loads(function.get("arguments") or "{}")
-    except orjson.JSONDecodeError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        raise _refuse("a tool call's arguments must be a JSON object", provider)
+    function, arguments = tool_call_function(call, provider, named=True)
     call_id = str(call.get("id", ""))
     part: JSONObject = {"functionCall": {"name": str(function["name"]), "args": arguments}}
     signature = _signature_of(call_id)
@@ -194,10 +188,7 @@ def _function_response_part(
         raise _refuse(
             "a tool message answers no earlier tool call (Gemini needs its name)", provider
         )
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    text = str(content or "")
+    text = tool_result_text(message)
     result = parse_json_object(text) if text.startswith("{") else None
     return {"functionResponse": {"name": name, "response": result or {"output": text}}}
 
@@ -224,12 +215,8 @@ def _contents(messages: Iterable[Any], provider: str) -> tuple[list[JSONObject],
             role, parts = "user", [_function_response_part(message, names, provider)]
         else:
             raise _refuse(f"the Gemini translation does not support {role!r} messages", provider)
-        if not parts:
-            continue
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["parts"].extend(parts)
-        else:
-            turns.append({"role": role, "parts": parts})
+        if parts:
+            append_turn(turns, role, parts, "parts")
     if any("text" not in part for part in system):
         raise _refuse("system messages must be text", provider)
     return system, turns
@@ -237,7 +224,7 @@ def _contents(messages: Iterable[Any], provider: str) -> tuple[list[JSONObject],
 
 def _generation_config(body: JSONObject) -> JSONObject:
     config: JSONObject = {}
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = max_tokens_of(body)
     if max_tokens is not None:
         config["maxOutputTokens"] = max_tokens
     for ours, theirs in (
@@ -249,11 +236,9 @@ def _generation_config(body: JSONObject) -> JSONObject:
     ):
         if body.get(ours) is not None:
             config[theirs] = body[ours]
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        config["stopSequences"] = [stop]
-    elif isinstance(stop, list) and stop:
-        config["stopSequences"] = list(stop)
+    stop = stop_sequences(body)
+    if stop:
+        config["stopSequences"] = stop
     if body.get("n") not in (None, 1):
         config["candidateCount"] = body["n"]
     response_format = body.get("response_format") or {}
@@ -266,15 +251,11 @@ def _generation_config(body: JSONObject) -> JSONObject:
     return config
 
 
-def _declarations(given: Any, provider: str) -> list[JSONObject]:
+def _declarations(body: JSONObject, provider: str) -> list[JSONObject]:
     """OpenAI function tools as ``functionDeclarations`` (the parameters' JSON Schema as it is)."""
-    if not isinstance(given, list | tuple):
-        raise _refuse("tools must be a list", provider)
     declarations = []
-    for tool in given:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type") != "function":
-            raise _refuse("the Gemini translation takes function tools only", provider)
+    refusal = "the Gemini translation takes function tools only"
+    for function in function_tools(body, provider, refusal=refusal):
         entry: JSONObject = {"name": str(function.get("name", ""))}
         if function.get("description"):
             entry["description"] = str(function["description"])
@@ -299,7 +280,7 @@ def _calling_config(choice: Any, provider: str) -> JSONObject | None:
 
 def _tools(body: JSONObject, provider: str) -> JSONObject:
     """``tools`` and ``tool_choice`` as ``tools`` / ``toolConfig``."""
-    declarations = _declarations(body.get("tools") or (), provider)
+    declarations = _declarations(body, provider)
     mode = _calling_config(body.get("tool_choice"), provider)
     options: JSONObject = {}
     if declarations:
@@ -329,24 +310,15 @@ def to_generate_request(body: JSONObject, *, provider: str = "") -> JSONObject:
 # --------------------------------------------------------------------------- answers
 
 
-def _count(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and 0 <= value < 2**53 else 0
-
-
 def usage_from(meta: Mapping[str, Any]) -> JSONObject:
     """OpenAI ``usage`` for ``usageMetadata``: thinking counts as completion, tool-use prompt
-    tokens as prompt."""
-    prompt = _count(meta.get("promptTokenCount")) + _count(meta.get("toolUsePromptTokenCount"))
-    thoughts = _count(meta.get("thoughtsTokenCount"))
-    completion = _count(meta.get("candidatesTokenCount")) + thoughts
-    result: JSONObject = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": _count(meta.get("totalTokenCount")) or prompt + completion,
-    }
-    cached = _count(meta.get("cachedContentTokenCount"))
-    if cached:
-        result["prompt_tokens_details"] = {"cached_tokens": cached}
+    tokens as prompt; Gemini's own total when it gives one."""
+    prompt = token_count(meta.get("promptTokenCount"))
+    prompt += token_count(meta.get("toolUsePromptTokenCount"))
+    thoughts = token_count(meta.get("thoughtsTokenCount"))
+    completion = token_count(meta.get("candidatesTokenCount")) + thoughts
+    result = usage_with_cache(prompt, completion, token_count(meta.get("cachedContentTokenCount")))
+    result["total_tokens"] = token_count(meta.get("totalTokenCount")) or prompt + completion
     if thoughts:
         result["completion_tokens_details"] = {"reasoning_tokens": thoughts}
     return result
@@ -429,16 +401,8 @@ def _text_and_calls(parts: Iterable[JSONObject]) -> tuple[str, list[JSONObject]]
         call = part.get("functionCall")
         if isinstance(call, dict):
             arguments = call.get("args") if isinstance(call.get("args"), dict) else {}
-            calls.append(
-                {
-                    "id": _call_id(part.get("thoughtSignature")),
-                    "type": "function",
-                    "function": {
-                        "name": str(call.get("name", "")),
-                        "arguments": orjson.dumps(arguments).decode(),
-                    },
-                }
-            )
+            call_id = _call_id(part.get("thoughtSignature"))
+            calls.append(tool_call(call_id, str(call.get("name", "")), arguments))
     return "".join(text), calls
 
 
@@ -632,21 +596,9 @@ def _reasons(error: Mapping[str, Any]) -> str:
 
 
 def _kind(status: int, message: str, reasons: str) -> ProviderErrorKind:
-    if status == 429:
-        return K.RATE_LIMITED
-    if status in (503, 529):
-        return K.OVERLOADED
-    if status in (408, 504):
-        return K.TIMEOUT
-    if status >= 500:
-        return K.SERVER
-    if status in (401, 403) or (status == 400 and _BAD_KEY.search(f"{message} {reasons}")):
-        return K.AUTH
-    if status == 404:
-        return K.NOT_FOUND
-    if status == 400 and _TOO_LONG.search(message):
-        return K.CONTEXT_LENGTH
-    return K.BAD_REQUEST if status >= 400 else K.MALFORMED
+    if status == 400 and _BAD_KEY.search(f"{message} {reasons}"):
+        return K.AUTH  # a refused API key comes as a 400
+    return kind_for_status(status, message, _TOO_LONG)
 
 
 def gemini_error_for(

@@ -61,10 +61,10 @@ from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
 from tidegate.providers.sse import SSEEvent
 from tidegate.providers.transport import (
     HTTPAnswer,
+    answer_object,
     error_info,
     error_message,
     is_error_object,
-    not_an_answer,
     parse_json_object,
     post_json,
     retry_after_from,
@@ -195,18 +195,12 @@ def openai_answer(
 ) -> JSONObject:
     """The decoded answer of a non-streamed call, or the :class:`ProviderError` it amounts to:
     the table's for a non-2xx, ``malformed`` for a 2xx that is not an answer."""
-    if not 200 <= answer.status < 300:
-        raise openai_error_for(answer, provider=provider, now_wall=now_wall, redactor=redactor)
-    data = parse_json_object(answer.body)
-    if data is None:
-        problem = "the body is not a JSON object"
-    else:
-        check = chat_completion_problem if endpoint == "chat" else embeddings_problem
-        found = check(data)
-        if found is None:
-            return data
-        problem = found
-    raise not_an_answer(answer, problem, provider=provider, redactor=redactor, data=data)
+
+    def error_for(answer: HTTPAnswer) -> ProviderError:
+        return openai_error_for(answer, provider=provider, now_wall=now_wall, redactor=redactor)
+
+    check = chat_completion_problem if endpoint == "chat" else embeddings_problem
+    return answer_object(answer, check, error_for=error_for, provider=provider, redactor=redactor)
 
 
 async def openai_chunks(

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping
-from contextlib import suppress
+from contextlib import aclosing, suppress
 from dataclasses import dataclass
+from re import Pattern
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -25,7 +26,7 @@ import orjson
 from yarl import URL
 
 from tidegate.errors import ProviderError, ProviderErrorKind
-from tidegate.providers.base import JSONObject, parse_retry_after
+from tidegate.providers.base import JSONObject, MalformedChunk, parse_retry_after
 from tidegate.providers.redact import MAX_RAW, NO_SECRETS, Redactor, cut, request_id_of
 from tidegate.providers.sse import SSEDecoder, SSEEvent, SSELineTooLong
 from tidegate.timers import timeout_after, timeout_at
@@ -34,10 +35,13 @@ __all__ = [
     "NO_CLIENT_TIMEOUT",
     "ErrorInfo",
     "HTTPAnswer",
+    "answer_object",
     "error_info",
     "error_message",
     "exception_to_error",
     "is_error_object",
+    "json_events",
+    "kind_for_status",
     "not_an_answer",
     "parse_json_object",
     "post_json",
@@ -209,6 +213,52 @@ def not_an_answer(
     return ProviderError(K.MALFORMED, message, provider=provider, status=answer.status)
 
 
+def answer_object(
+    answer: HTTPAnswer,
+    problem_of: Callable[[JSONObject], str | None],
+    *,
+    error_for: Callable[[HTTPAnswer], ProviderError],
+    provider: str,
+    redactor: Redactor,
+) -> JSONObject:
+    """The decoded body of a non-streamed answer, or the error it amounts to: ``error_for``'s
+    for a non-2xx, ``malformed`` for a 2xx whose body is not a JSON object or of which
+    ``problem_of`` says why it is not an answer."""
+    if not 200 <= answer.status < 300:
+        raise error_for(answer)
+    data = parse_json_object(answer.body)
+    problem = "the body is not a JSON object" if data is None else problem_of(data)
+    if data is not None and problem is None:
+        return data
+    raise not_an_answer(answer, problem or "", provider=provider, redactor=redactor, data=data)
+
+
+def kind_for_status(
+    status: int,
+    message: str,
+    too_long: Pattern[str],
+    *,
+    overloaded: tuple[int, ...] = (503, 529),
+) -> ProviderErrorKind:
+    """The kind of an error answer by its status: ``context_length`` for a 400 whose
+    ``message`` matches ``too_long``, ``malformed`` below 400 (a 2xx that is no error)."""
+    if status == 429:
+        return K.RATE_LIMITED
+    if status in overloaded:
+        return K.OVERLOADED
+    if status in (408, 504):
+        return K.TIMEOUT
+    if status >= 500:
+        return K.SERVER
+    if status in (401, 403):
+        return K.AUTH
+    if status == 404:
+        return K.NOT_FOUND
+    if status == 400 and too_long.search(message):
+        return K.CONTEXT_LENGTH
+    return K.BAD_REQUEST if status >= 400 else K.MALFORMED
+
+
 async def post_json(
     session: aiohttp.ClientSession,
     url: str | URL,
@@ -315,3 +365,15 @@ async def stream_events(
             # so that the rest of this answer is never read as the start of the next one.
             with suppress(Exception):
                 response.close()
+
+
+async def json_events(
+    events: AsyncGenerator[SSEEvent, None],
+) -> AsyncGenerator[tuple[str, JSONObject] | MalformedChunk, None]:
+    """The events of a stream from :func:`stream_events` (closed here), each as its event name
+    and its data decoded as a JSON object, or as :class:`MalformedChunk` when the data is not
+    one."""
+    async with aclosing(events):
+        async for event in events:
+            data = parse_json_object(event.data)
+            yield MalformedChunk(event.data) if data is None else (event.event, data)

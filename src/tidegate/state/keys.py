@@ -34,6 +34,7 @@ __all__ = [
     "audit_from_json",
     "audit_to_json",
     "check_revision",
+    "plain_record",
 ]
 
 #: The change notice a key's write sends on the flags' channel (flag names start with a letter
@@ -64,7 +65,7 @@ def audit_from_json(data: dict[str, Any]) -> KeyAudit:
     )
 
 
-def _plain(record: KeyRecord, revision: int) -> KeyRecord:
+def plain_record(record: KeyRecord, revision: int) -> KeyRecord:
     """``record`` at ``revision``, as it reads back from JSON (no shared mutable parts)."""
     return KeyRecord.from_json(
         orjson.loads(orjson.dumps(replace(record, revision=revision).to_json()))
@@ -85,7 +86,7 @@ class MemoryKeyStore:
         current = 0 if held is None else held.revision
         if current != expected_revision:
             raise KeyConflict(record.id, expected=expected_revision, current=current)
-        stored = self._records[record.id] = _plain(record, current + 1)
+        stored = self._records[record.id] = plain_record(record, current + 1)
         self._audit.append(replace(audit, key_id=record.id, at=self._clock.wall()))
         return stored
 
@@ -133,7 +134,7 @@ class SQLiteKeyStore:
     async def put(self, record: KeyRecord, *, expected_revision: int, audit: KeyAudit) -> KeyRecord:
         check_revision(expected_revision)
         now = self._clock.wall()
-        stored = _plain(record, expected_revision + 1)
+        stored = plain_record(record, expected_revision + 1)
         blob = orjson.dumps(stored.to_json())
 
         def work(conn: sqlite3.Connection) -> KeyRecord:

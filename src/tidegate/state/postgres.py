@@ -164,7 +164,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
 _DRIVER_ERRORS = (psycopg.Error, OSError, TimeoutError)
 
 # The database's clock for one statement (the transaction's start), unless a clock is injected.
-_NOW = "COALESCE(%(now)s::float8, extract(epoch FROM now())::float8)"
+SQL_NOW = "COALESCE(%(now)s::float8, extract(epoch FROM now())::float8)"
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -377,6 +377,30 @@ class PostgresDatabase:
         _, count = await self._statement(what, query, params)
         return count
 
+    async def newest(
+        self,
+        what: str,
+        query: str,
+        *,
+        order: str,
+        limit: int,
+        match: tuple[str, str] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The first ``limit`` rows of ``query`` by ``order`` descending: of every row, or of
+        those whose column ``match[0]`` holds ``match[1]``."""
+        if limit <= 0:
+            return []
+        params: dict[str, Any] = {"limit": limit}
+        if match is not None:
+            query += f" WHERE {match[0]} = %(match)s"
+            params["match"] = match[1]
+        return await self.fetch(what, query + f" ORDER BY {order} DESC LIMIT %(limit)s", params)
+
+    @property
+    def flags_channel(self) -> str:
+        """The ``LISTEN`` channel of flag changes (and key notices) in this schema."""
+        return f"tidegate_flags_{self.schema or 'public'}"
+
     async def ping(self) -> None:
         """Raise ``StoreError`` unless Postgres answers within the timeout."""
         await self.execute("ping", "SELECT 1")
@@ -403,7 +427,7 @@ async def _locked_now(conn: Connection, clock: Clock | None) -> float:
     return float(row[0])
 
 
-def _now_param(clock: Clock | None) -> float | None:
+def now_param(clock: Clock | None) -> float | None:
     return None if clock is None else clock.wall()
 
 
@@ -421,18 +445,18 @@ class PostgresIdempotencyStore:
             "fp": fingerprint,
             "token": token,
             "lease": lease_s,
-            "now": _now_param(self._clock),
+            "now": now_param(self._clock),
         }
 
         async def work(conn: Connection) -> Claim | None:
             await conn.execute(
-                f"DELETE FROM idempotency WHERE key = %(key)s AND expires_at <= {_NOW}".encode(),
+                f"DELETE FROM idempotency WHERE key = %(key)s AND expires_at <= {SQL_NOW}".encode(),
                 params,
             )
             inserted = await _fetchone(
                 conn,
                 "INSERT INTO idempotency (key, fingerprint, token, expires_at)"
-                f" VALUES (%(key)s, %(fp)s, %(token)s, {_NOW} + %(lease)s)"
+                f" VALUES (%(key)s, %(fp)s, %(token)s, {SQL_NOW} + %(lease)s)"
                 " ON CONFLICT (key) DO NOTHING RETURNING token",
                 params,
             )
@@ -466,9 +490,9 @@ class PostgresIdempotencyStore:
         changed = await self._db.execute(
             "complete",
             "UPDATE idempotency SET status = %(status)s, headers = %(headers)s, body = %(body)s,"
-            f" expires_at = {_NOW} + %(ttl)s"
+            f" expires_at = {SQL_NOW} + %(ttl)s"
             " WHERE key = %(key)s AND token = %(token)s AND status IS NULL"
-            f" AND expires_at > {_NOW}",
+            f" AND expires_at > {SQL_NOW}",
             {
                 "status": response.status,
                 "headers": orjson.dumps(response.headers),
@@ -476,7 +500,7 @@ class PostgresIdempotencyStore:
                 "ttl": ttl_s,
                 "key": key,
                 "token": token,
-                "now": _now_param(self._clock),
+                "now": now_param(self._clock),
             },
         )
         return changed == 1
@@ -503,9 +527,9 @@ class PostgresCacheStore:
     async def get(self, key: str, *, allow_stale: bool = False) -> CacheEntry | None:
         rows = await self._db.fetch(
             "cache get",
-            f"SELECT value, stored, {_NOW} < fresh_until FROM cache"
-            f" WHERE key = %(key)s AND stale_until > {_NOW}",
-            {"key": key, "now": _now_param(self._clock)},
+            f"SELECT value, stored, {SQL_NOW} < fresh_until FROM cache"
+            f" WHERE key = %(key)s AND stale_until > {SQL_NOW}",
+            {"key": key, "now": now_param(self._clock)},
         )
         row = rows[0] if rows else None
         if row is None or not (row[2] or allow_stale):
@@ -518,20 +542,20 @@ class PostgresCacheStore:
             "value": value,
             "ttl": ttl_s,
             "stale": stale_ttl_s,
-            "now": _now_param(self._clock),
+            "now": now_param(self._clock),
         }
         # SKIP LOCKED: two puts never wait on (or deadlock over) each other's purge.
         await self._db.execute(
             "cache purge",
             "DELETE FROM cache WHERE key IN (SELECT key FROM cache"
-            f" WHERE stale_until <= {_NOW} LIMIT 100 FOR UPDATE SKIP LOCKED)",
+            f" WHERE stale_until <= {SQL_NOW} LIMIT 100 FOR UPDATE SKIP LOCKED)",
             params,
         )
         await self._db.execute(
             "cache put",
             "INSERT INTO cache (key, value, stored, fresh_until, stale_until)"
             " SELECT %(key)s, %(value)s, n, n + %(ttl)s, n + %(ttl)s + %(stale)s"
-            f" FROM (SELECT {_NOW} AS n) AS clock"
+            f" FROM (SELECT {SQL_NOW} AS n) AS clock"
             " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, stored = EXCLUDED.stored,"
             " fresh_until = EXCLUDED.fresh_until, stale_until = EXCLUDED.stale_until",
             params,
@@ -593,7 +617,7 @@ class PostgresFlagStore:
         self._db = db
         self._clock = clock
         #: The ``LISTEN`` channel that carries the name of every changed flag.
-        self.channel = f"tidegate_flags_{db.schema or 'public'}"
+        self.channel = db.flags_channel
 
     async def values(self) -> dict[str, Any]:
         rows = await self._db.fetch("flags", "SELECT name, value FROM flags")
@@ -606,7 +630,7 @@ class PostgresFlagStore:
             "who": who,
             "why": why,
             "channel": self.channel,
-            "now": _now_param(self._clock),
+            "now": now_param(self._clock),
         }
 
         async def work(conn: Connection) -> AuditRecord:
@@ -618,7 +642,7 @@ class PostgresFlagStore:
             row = await _fetchone(
                 conn,
                 "INSERT INTO flag_audit (flag, old, new, who, why, at)"
-                f" VALUES (%(flag)s, %(old)s, %(value)s, %(who)s, %(why)s, {_NOW}) RETURNING at",
+                f" VALUES (%(flag)s, %(old)s, %(value)s, %(who)s, %(why)s, {SQL_NOW}) RETURNING at",
                 {**params, "old": None if held is None else Jsonb(old)},
             )
             assert row is not None
@@ -634,14 +658,12 @@ class PostgresFlagStore:
         return await self._db.run("set flag", work)
 
     async def history(self, flag: str | None = None, *, limit: int = 100) -> list[AuditRecord]:
-        if limit <= 0:
-            return []
-        query = "SELECT flag, old, new, who, why, at FROM flag_audit"
-        params: dict[str, Any] = {"limit": limit, "flag": flag}
-        if flag is not None:
-            query += " WHERE flag = %(flag)s"
-        rows = await self._db.fetch(
-            "flag history", query + " ORDER BY id DESC LIMIT %(limit)s", params
+        rows = await self._db.newest(
+            "flag history",
+            "SELECT flag, old, new, who, why, at FROM flag_audit",
+            order="id",
+            limit=limit,
+            match=None if flag is None else ("flag", flag),
         )
         return [AuditRecord(*row) for row in rows]
 
@@ -833,9 +855,9 @@ class PostgresQuotaStore:
     async def usage(self, subject: str) -> Usage:
         (row,) = await self._db.fetch(
             "usage",
-            f"SELECT clock.n, {_USAGE_COLUMNS} FROM (SELECT {_NOW} AS n) AS clock"
+            f"SELECT clock.n, {_USAGE_COLUMNS} FROM (SELECT {SQL_NOW} AS n) AS clock"
             " LEFT JOIN quotas ON subject = %(subject)s",
-            {"subject": subject, "now": _now_param(self._clock)},
+            {"subject": subject, "now": now_param(self._clock)},
         )
         held = _usage(None if row[1] is None else row[1:])
         return rollover(held, float(row[0]))
@@ -875,14 +897,14 @@ class PostgresPendingActionStore:
             "propose",
             f"INSERT INTO pending_actions ({_ACTION_COLUMNS})"
             " SELECT %(id)s, %(kind)s, %(payload)s, 'pending', %(by)s, n, n + %(ttl)s, NULL, NULL"
-            f" FROM (SELECT {_NOW} AS n) AS clock RETURNING {_ACTION_COLUMNS}",
+            f" FROM (SELECT {SQL_NOW} AS n) AS clock RETURNING {_ACTION_COLUMNS}",
             {
                 "id": new_action_id(),
                 "kind": kind,
                 "payload": Jsonb(payload),
                 "by": proposed_by,
                 "ttl": ttl_s,
-                "now": _now_param(self._clock),
+                "now": now_param(self._clock),
             },
         )
         return _action(row)
@@ -892,13 +914,13 @@ class PostgresPendingActionStore:
             "id": action_id,
             "status": status.value,
             "who": who,
-            "now": _now_param(self._clock),
+            "now": now_param(self._clock),
         }
         rows = await self._db.fetch(
             "decide",
             f"UPDATE pending_actions SET status = %(status)s, decided_by = %(who)s,"
-            f" decided_at = {_NOW}"
-            f" WHERE id = %(id)s AND status = 'pending' AND expires_at > {_NOW}"
+            f" decided_at = {SQL_NOW}"
+            f" WHERE id = %(id)s AND status = 'pending' AND expires_at > {SQL_NOW}"
             f" RETURNING {_ACTION_COLUMNS}",
             params,
         )
@@ -912,9 +934,9 @@ class PostgresPendingActionStore:
     async def _read(self, action_id: str) -> tuple[PendingAction | None, float]:
         (row,) = await self._db.fetch(
             "get action",
-            f"SELECT clock.n, {_ACTION_COLUMNS} FROM (SELECT {_NOW} AS n) AS clock"
+            f"SELECT clock.n, {_ACTION_COLUMNS} FROM (SELECT {SQL_NOW} AS n) AS clock"
             " LEFT JOIN pending_actions ON id = %(id)s",
-            {"id": action_id, "now": _now_param(self._clock)},
+            {"id": action_id, "now": now_param(self._clock)},
         )
         now = float(row[0])
         return (None if row[1] is None else _action(row[1:])), now
@@ -954,17 +976,17 @@ class PostgresRolloutStore:
             "key": key,
             "value": Jsonb(value),
             "expected": expected_version,
-            "now": _now_param(self._clock),
+            "now": now_param(self._clock),
         }
         if expected_version == 0:
             query = (
                 "INSERT INTO rollout_state (key, value, version, updated_at)"
-                f" VALUES (%(key)s, %(value)s, 1, {_NOW}) ON CONFLICT (key) DO NOTHING"
+                f" VALUES (%(key)s, %(value)s, 1, {SQL_NOW}) ON CONFLICT (key) DO NOTHING"
             )
         else:
             query = (
                 "UPDATE rollout_state SET value = %(value)s, version = version + 1,"
-                f" updated_at = {_NOW} WHERE key = %(key)s AND version = %(expected)s"
+                f" updated_at = {SQL_NOW} WHERE key = %(key)s AND version = %(expected)s"
             )
         rows = await self._db.fetch(
             "rollout put", query + " RETURNING value, version, updated_at", params

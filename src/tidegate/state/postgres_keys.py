@@ -13,12 +13,9 @@ import orjson
 from tidegate.clock import Clock
 from tidegate.state.base import KeyAudit, KeyConflict, KeyRecord
 from tidegate.state.keys import KEYS_NOTICE, check_revision
-from tidegate.state.postgres import Connection, PostgresDatabase
+from tidegate.state.postgres import SQL_NOW, Connection, PostgresDatabase, now_param
 
 __all__ = ["PostgresKeyStore"]
-
-# The database's clock (the transaction's start), unless a clock is injected.
-_NOW = "COALESCE(%(now)s::float8, extract(epoch FROM now())::float8)"
 
 
 def _record(text: str) -> KeyRecord:
@@ -30,7 +27,7 @@ class PostgresKeyStore:
         self._db = db
         self._clock = clock
         #: The flags' ``LISTEN`` channel (see :data:`~tidegate.state.keys.KEYS_NOTICE`).
-        self.channel = f"tidegate_flags_{db.schema or 'public'}"
+        self.channel = db.flags_channel
 
     async def put(self, record: KeyRecord, *, expected_revision: int, audit: KeyAudit) -> KeyRecord:
         check_revision(expected_revision)
@@ -44,7 +41,7 @@ class PostgresKeyStore:
             "who": audit.who,
             "why": audit.why,
             "detail": orjson.dumps(audit.detail).decode(),
-            "now": None if self._clock is None else self._clock.wall(),
+            "now": now_param(self._clock),
             "channel": self.channel,
             "notice": KEYS_NOTICE,
         }
@@ -72,7 +69,7 @@ class PostgresKeyStore:
                 raise KeyConflict(record.id, expected=expected_revision, current=current)
             await conn.execute(
                 "INSERT INTO api_key_audit (key_id, action, who, why, at, detail) VALUES"
-                f" (%(id)s, %(action)s, %(who)s, %(why)s, {_NOW}, %(detail)s)".encode(),
+                f" (%(id)s, %(action)s, %(who)s, %(why)s, {SQL_NOW}, %(detail)s)".encode(),
                 params,
             )
             await conn.execute("SELECT pg_notify(%(channel)s, %(notice)s)", params)
@@ -97,13 +94,11 @@ class PostgresKeyStore:
         return int(rows[0][0])
 
     async def history(self, key_id: str | None = None, *, limit: int = 100) -> list[KeyAudit]:
-        if limit <= 0:
-            return []
-        query = "SELECT key_id, action, who, why, at, detail FROM api_key_audit"
-        params: dict[str, Any] = {"limit": limit, "id": key_id}
-        if key_id is not None:
-            query += " WHERE key_id = %(id)s"
-        rows = await self._db.fetch(
-            "key history", query + " ORDER BY seq DESC LIMIT %(limit)s", params
+        rows = await self._db.newest(
+            "key history",
+            "SELECT key_id, action, who, why, at, detail FROM api_key_audit",
+            order="seq",
+            limit=limit,
+            match=None if key_id is None else ("key_id", key_id),
         )
         return [KeyAudit(k, a, w, y, float(t), orjson.loads(d)) for k, a, w, y, t, d in rows]

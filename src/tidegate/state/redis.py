@@ -69,6 +69,7 @@ from tidegate.state.notify import FlagChangesIteration
 from tidegate.state.rollout import RolloutRecord, VersionConflict, check_version
 
 __all__ = [
+    "AuditedRedisStore",
     "FlightFellBack",
     "FlightJoined",
     "FlightLed",
@@ -103,7 +104,7 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -187,7 +188,7 @@ class RedisDatabase:
         return f"RedisDatabase({self.where!r}, prefix={self.prefix!r})"
 
 
-def _now_arg(clock: Clock | None) -> str:
+def now_arg(clock: Clock | None) -> str:
     """The scripts' ``now`` argument: empty for the server's clock, else the injected wall time."""
     return "" if clock is None else _num(clock.wall())
 
@@ -205,7 +206,7 @@ class RedisBucketStore:
         allowed, remaining, retry_after, reset_after = await self._db.script(
             "bucket_take",
             [self._db.key("bucket", key)],
-            [_now_arg(self._clock), _num(options.rate), _num(options.burst), _num(n)],
+            [now_arg(self._clock), _num(options.rate), _num(options.burst), _num(n)],
         )
         return TakeResult(
             allowed=bool(allowed),
@@ -220,7 +221,7 @@ class RedisBucketStore:
         await self._db.script(
             "bucket_take",
             [self._db.key("bucket", key)],
-            [_now_arg(self._clock), _num(options.rate), _num(options.burst), _num(n), "give"],
+            [now_arg(self._clock), _num(options.rate), _num(options.burst), _num(n), "give"],
         )
 
 
@@ -249,7 +250,7 @@ class RedisQuotaStore:
             "quota_reserve",
             self._keys(subject, rid),
             [
-                _now_arg(self._clock),
+                now_arg(self._clock),
                 _limit(quota.calls),
                 _limit(quota.tokens),
                 _limit(quota.cost),
@@ -260,8 +261,8 @@ class RedisQuotaStore:
             ],
         )
         decision = BudgetDecision(
-            verdict=BudgetVerdict(_text(verdict)),
-            reason=BudgetDimension(_text(reason)) if reason else None,
+            verdict=BudgetVerdict(as_text(verdict)),
+            reason=BudgetDimension(as_text(reason)) if reason else None,
             retry_after=float(retry_after),
         )
         if decision.verdict is BudgetVerdict.BLOCK:
@@ -275,7 +276,7 @@ class RedisQuotaStore:
             "quota_close",
             self._keys(reservation.subject, reservation.id),
             [
-                _now_arg(self._clock),
+                now_arg(self._clock),
                 mode,
                 str(reservation.day),
                 _num(amount.calls),
@@ -307,7 +308,7 @@ class RedisQuotaStore:
 
     async def usage(self, subject: str) -> Usage:
         day, calls, tokens, cost, rcalls, rtokens, rcost = await self._db.script(
-            "quota_usage", self._keys(subject, "")[:1], [_now_arg(self._clock)]
+            "quota_usage", self._keys(subject, "")[:1], [now_arg(self._clock)]
         )
         return Usage(
             day=int(float(day)),
@@ -337,9 +338,9 @@ class RedisIdempotencyStore:
         reply = await self._db.script(
             "idempotency_claim",
             [self._db.key("idempotency", key)],
-            [_now_arg(self._clock), fingerprint, token, _num(lease_s)],
+            [now_arg(self._clock), fingerprint, token, _num(lease_s)],
         )
-        outcome = ClaimOutcome(_text(reply[0]))
+        outcome = ClaimOutcome(as_text(reply[0]))
         if outcome is ClaimOutcome.CLAIMED:
             return Claim(outcome, token=token)
         if outcome is ClaimOutcome.REPLAY:
@@ -354,7 +355,7 @@ class RedisIdempotencyStore:
             "idempotency_complete",
             [self._db.key("idempotency", key)],
             [
-                _now_arg(self._clock),
+                now_arg(self._clock),
                 token,
                 str(response.status),
                 orjson.dumps(response.headers),
@@ -386,7 +387,7 @@ class RedisCacheStore:
         reply = await self._db.script(
             "cache_get",
             [self._db.key("cache", key)],
-            [_now_arg(self._clock), "1" if allow_stale else "0"],
+            [now_arg(self._clock), "1" if allow_stale else "0"],
         )
         if reply is None:
             return None
@@ -397,7 +398,7 @@ class RedisCacheStore:
         await self._db.script(
             "cache_put",
             [self._db.key("cache", key)],
-            [_now_arg(self._clock), value, _num(ttl_s), _num(stale_ttl_s)],
+            [now_arg(self._clock), value, _num(ttl_s), _num(stale_ttl_s)],
         )
 
 
@@ -439,7 +440,7 @@ class RedisFlagChanges(FlagChangesIteration):
         assert self._pubsub is not None
         while True:
             message = await self._pubsub.get_message(timeout=self._db.timeout_s)
-            if message is not None and _text(message["type"]) == "subscribe":
+            if message is not None and as_text(message["type"]) == "subscribe":
                 return
 
     async def __aexit__(
@@ -465,13 +466,18 @@ class RedisFlagChanges(FlagChangesIteration):
                 )
             except _DRIVER_ERRORS as exc:
                 raise self._db._error("flag changes", exc) from exc
-            if message is not None and _text(message["type"]) == "message":
-                return _text(message["data"])
+            if message is not None and as_text(message["type"]) == "message":
+                return as_text(message["data"])
         return None
 
 
-class RedisFlagStore:
-    """Flag values in one hash; the audit log in capped lists; changes announced by pub/sub."""
+class AuditedRedisStore:
+    """A store whose writes keep an audit log in capped lists (one for all, one per name, at
+    most ``audit_cap`` records each) and are announced on the flags' pub/sub channel;
+    ``clock`` replaces the server's clock for the audit times (tests)."""
+
+    #: The store's kind, the middle of its Redis keys.
+    kind = ""
 
     def __init__(
         self, db: RedisDatabase, clock: Clock | None = None, *, audit_cap: int = 10_000
@@ -481,23 +487,45 @@ class RedisFlagStore:
         self._db = db
         self._clock = clock
         self._cap = audit_cap
-        self._values = db.key("flags", "values")
-        #: The pub/sub channel that carries the name of every changed flag.
+        #: The pub/sub channel that carries the name of every changed flag (and key notices).
         self.channel = db.key("flags", "changed")
 
-    def _audit(self, flag: str | None) -> str:
-        return self._db.key("flags", "audit" if flag is None else f"audit:{flag}")
+    def _audit(self, name: str | None) -> str:
+        """The audit list of ``name``, or of every name when None."""
+        return self._db.key(self.kind, "audit" if name is None else f"audit:{name}")
+
+    async def _newest(self, what: str, name: str | None, limit: int) -> list[Any]:
+        """The first ``limit`` audit records of ``name`` (of all when None), newest first."""
+        if limit <= 0:
+            return []
+        key = self._audit(name)
+        found: list[Any] = await self._db.run(
+            what, lambda: self._db.client.lrange(key, 0, limit - 1)
+        )
+        return found
+
+
+class RedisFlagStore(AuditedRedisStore):
+    """Flag values in one hash; the audit log in capped lists; changes announced by pub/sub."""
+
+    kind = "flags"
+
+    def __init__(
+        self, db: RedisDatabase, clock: Clock | None = None, *, audit_cap: int = 10_000
+    ) -> None:
+        super().__init__(db, clock, audit_cap=audit_cap)
+        self._values = db.key("flags", "values")
 
     async def values(self) -> dict[str, Any]:
         raw = await self._db.run("flags", lambda: self._db.client.hgetall(self._values))
-        return {_text(name): orjson.loads(value) for name, value in raw.items()}
+        return {as_text(name): orjson.loads(value) for name, value in raw.items()}
 
     async def set(self, flag: str, value: Any, *, who: str, why: str) -> AuditRecord:
         at, old = await self._db.script(
             "flag_set",
             [self._values, self._audit(None), self._audit(flag)],
             [
-                _now_arg(self._clock),
+                now_arg(self._clock),
                 flag,
                 orjson.dumps(value),
                 who,
@@ -509,11 +537,7 @@ class RedisFlagStore:
         return AuditRecord(flag, orjson.loads(old) if old else None, value, who, why, float(at))
 
     async def history(self, flag: str | None = None, *, limit: int = 100) -> list[AuditRecord]:
-        if limit <= 0:
-            return []
-        key = self._audit(flag)
-        raw = await self._db.run("flag history", lambda: self._db.client.lrange(key, 0, limit - 1))
-        return [_audit_record(item) for item in raw]
+        return [_audit_record(item) for item in await self._newest("flag history", flag, limit)]
 
     def watch(self) -> RedisFlagChanges:
         """Subscribe to flag changes: ``async with store.watch() as changes: ...``."""
@@ -606,7 +630,7 @@ class RedisSingleFlight:
         deadline = self._waiter.now() + (self._wait_s if wait_s is None else wait_s)
         while True:
             reply = await self._db.script("flight_acquire", keys, [token, self._lease_ms])
-            step = _text(reply[0])
+            step = as_text(reply[0])
             if step == "done":
                 self._emit(FlightJoined(key))
                 return bytes(reply[1])
@@ -668,7 +692,7 @@ class RedisRetryBudgetCounter:
             "retry_budget",
             [self._key],
             [
-                _now_arg(self._clock),
+                now_arg(self._clock),
                 op,
                 str(self.window),
                 _num(self.ratio),
@@ -693,18 +717,18 @@ class RedisRetryBudgetCounter:
 
 
 def _action(action_id: str, fields: list[bytes]) -> PendingAction:
-    held = {_text(fields[i]): fields[i + 1] for i in range(0, len(fields), 2)}
+    held = {as_text(fields[i]): fields[i + 1] for i in range(0, len(fields), 2)}
     decided_by = held.get("decided_by")
     decided_at = held.get("decided_at")
     return PendingAction(
         id=action_id,
-        kind=_text(held["kind"]),
+        kind=as_text(held["kind"]),
         payload=orjson.loads(held["payload"]),
-        status=ActionStatus(_text(held["status"])),
-        proposed_by=_text(held["proposed_by"]),
+        status=ActionStatus(as_text(held["status"])),
+        proposed_by=as_text(held["proposed_by"]),
         created_at=float(held["created_at"]),
         expires_at=float(held["expires_at"]),
-        decided_by=None if decided_by is None else _text(decided_by),
+        decided_by=None if decided_by is None else as_text(decided_by),
         decided_at=None if decided_at is None else float(decided_at),
     )
 
@@ -731,7 +755,7 @@ class RedisPendingActionStore:
         created_at, expires_at = await self._db.script(
             "action_propose",
             [self._db.key("action", action_id)],
-            [_now_arg(self._clock), kind, blob, proposed_by, _num(ttl_s), self._keep],
+            [now_arg(self._clock), kind, blob, proposed_by, _num(ttl_s), self._keep],
         )
         return PendingAction(
             id=action_id,
@@ -747,9 +771,9 @@ class RedisPendingActionStore:
         reply = await self._db.script(
             "action_decide",
             [self._db.key("action", action_id)],
-            [_now_arg(self._clock), status.value, who],
+            [now_arg(self._clock), status.value, who],
         )
-        outcome = _text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == "missing":
             raise ActionNotFound(f"no action {action_id}", action_id=action_id)
         action = as_seen_at(_action(action_id, reply[2:]), float(reply[1]))
@@ -767,7 +791,7 @@ class RedisPendingActionStore:
 
     async def get(self, action_id: str) -> PendingAction | None:
         reply = await self._db.script(
-            "action_get", [self._db.key("action", action_id)], [_now_arg(self._clock)]
+            "action_get", [self._db.key("action", action_id)], [now_arg(self._clock)]
         )
         if len(reply) == 1:
             return None
@@ -798,7 +822,7 @@ class RedisRolloutStore:
         reply = await self._db.script(
             "rollout_put",
             [self._db.key("rollout", key)],
-            [_now_arg(self._clock), str(expected_version), blob],
+            [now_arg(self._clock), str(expected_version), blob],
         )
         if not reply[0]:
             raise VersionConflict(key, expected=expected_version, current=int(reply[1]))

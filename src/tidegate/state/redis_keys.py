@@ -3,64 +3,50 @@ a change counter, and a notice on the flags' pub/sub channel, all written by ``k
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from tidegate.clock import Clock
 from tidegate.state.base import KeyAudit, KeyConflict, KeyRecord
-from tidegate.state.keys import KEYS_NOTICE, check_revision
-from tidegate.state.redis import RedisDatabase
+from tidegate.state.keys import KEYS_NOTICE, audit_from_json, check_revision, plain_record
+from tidegate.state.redis import AuditedRedisStore, RedisDatabase, as_text, now_arg
 
 __all__ = ["RedisKeyStore"]
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _audit(raw: bytes | str) -> KeyAudit:
+def _audit_of(raw: bytes | str) -> KeyAudit:
     data = orjson.loads(raw)
-    return KeyAudit(
-        data["key_id"],
-        data["action"],
-        data["who"],
-        data["why"],
-        float(data["at"]),
-        orjson.loads(data["detail"]),
-    )
+    return audit_from_json({**data, "detail": orjson.loads(data["detail"])})
 
 
-class RedisKeyStore:
+class RedisKeyStore(AuditedRedisStore):
     """Keys in Redis; ``clock`` replaces the server's clock for the audit times (tests)."""
+
+    kind = "keys"
 
     def __init__(
         self, db: RedisDatabase, clock: Clock | None = None, *, audit_cap: int = 10_000
     ) -> None:
-        if audit_cap < 1:
-            raise ValueError(f"audit_cap must be >= 1, got {audit_cap!r}")
-        self._db = db
-        self._clock = clock
-        self._cap = audit_cap
+        super().__init__(db, clock, audit_cap=audit_cap)
         self._records = db.key("keys", "records")
         self._revisions = db.key("keys", "revisions")
         self._counter = db.key("keys", "version")
-        #: The flags' channel (see :data:`~tidegate.state.keys.KEYS_NOTICE`).
-        self.channel = db.key("flags", "changed")
-
-    def _log(self, key_id: str | None) -> str:
-        return self._db.key("keys", "audit" if key_id is None else f"audit:{key_id}")
 
     async def put(self, record: KeyRecord, *, expected_revision: int, audit: KeyAudit) -> KeyRecord:
         check_revision(expected_revision)
-        stored = replace(record, revision=expected_revision + 1)
-        now = "" if self._clock is None else repr(float(self._clock.wall()))
+        stored = plain_record(record, expected_revision + 1)
         outcome, value = await self._db.script(
             "key_put",
-            [self._records, self._revisions, self._log(None), self._log(record.id), self._counter],
             [
-                now,
+                self._records,
+                self._revisions,
+                self._audit(None),
+                self._audit(record.id),
+                self._counter,
+            ],
+            [
+                now_arg(self._clock),
                 record.id,
                 str(expected_revision),
                 orjson.dumps(stored.to_json()),
@@ -73,9 +59,9 @@ class RedisKeyStore:
                 KEYS_NOTICE,
             ],
         )
-        if _text(outcome) == "conflict":
-            raise KeyConflict(record.id, expected=expected_revision, current=int(_text(value)))
-        return KeyRecord.from_json(orjson.loads(orjson.dumps(stored.to_json())))
+        if as_text(outcome) == "conflict":
+            raise KeyConflict(record.id, expected=expected_revision, current=int(as_text(value)))
+        return stored
 
     async def get(self, key_id: str) -> KeyRecord | None:
         raw = await self._db.run("key", lambda: self._db.client.hget(self._records, key_id))
@@ -93,8 +79,4 @@ class RedisKeyStore:
         return 0 if raw is None else int(raw)
 
     async def history(self, key_id: str | None = None, *, limit: int = 100) -> list[KeyAudit]:
-        if limit <= 0:
-            return []
-        log = self._log(key_id)
-        raw = await self._db.run("key history", lambda: self._db.client.lrange(log, 0, limit - 1))
-        return [_audit(item) for item in raw]
+        return [_audit_of(item) for item in await self._newest("key history", key_id, limit)]

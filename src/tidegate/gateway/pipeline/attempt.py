@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from tidegate.errors import ProviderError, StoreError
 from tidegate.gateway.pipeline.request import Request
+from tidegate.gateway.pipeline.spans import attempt_attributes
 from tidegate.gateway.runtime import Runtime
 from tidegate.policy.attempts import Attempts, Call, Step, Wait
 
@@ -28,11 +29,13 @@ async def attempt(
     call: Callable[[Request, Call], Awaitable[R]],
     *,
     settle: bool = True,
+    operation: str = "chat",
 ) -> tuple[Call, R]:
     """Make the calls ``attempts`` asks for until one answers (its step and result), or raise
     the error it stops with. ``call(request, step)`` makes one call within ``step.timeout``.
     With ``settle`` an answer is a success for the breaker at once; without it the caller ends
-    the permit later (a stream, when it ends)."""
+    the permit later (a stream, when it ends). Tracing on, each call is a ``tidegate.attempt``
+    span whose ``gen_ai.operation.name`` is ``operation``."""
     rt = request.rt
     step: Step = attempts.begin()
     while True:
@@ -40,7 +43,11 @@ async def attempt(
             if step.attempt == 1 and rt.fleet_retry_budget is not None:
                 await _first_try(rt)
             try:
-                result = await call(request, step)
+                if rt.tracing.enabled:
+                    attributes = attempt_attributes(request, step, operation)
+                    result = await rt.tracing.attempt(call(request, step), attributes)
+                else:
+                    result = await call(request, step)
             except ProviderError as error:
                 rt.metrics.attempts.labels(step.spec.name, error.kind.value).inc()
                 step = attempts.failed(error)

@@ -50,10 +50,7 @@ def _complete(request: Request, step: Call) -> Awaitable[dict[str, Any]]:
     """One attempt's call (the provider's coroutine, awaited by the driver: no level between)."""
     rt, name = request.rt, step.spec.name
     upstream = {**request.body, "model": rt.model_ids[name]}
-    answer = rt.providers[name].complete(upstream, timeout=step.timeout)
-    if rt.tracing.enabled:
-        return rt.tracing.traced(answer, "tidegate.attempt", {"tidegate.provider": name})
-    return answer
+    return rt.providers[name].complete(upstream, timeout=step.timeout)
 
 
 async def lead(request: Request) -> Flight:

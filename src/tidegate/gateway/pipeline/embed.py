@@ -53,7 +53,7 @@ async def embed(request: Request) -> bool:
     """Answer with the vectors of the first provider that gives them."""
     rt, ex = request.rt, request.ex
     attempts = rt.attempts.start(request.plan, request.deadline, request.route.limit, ex.tried)
-    step, answer = await attempt(request, attempts, _embed)
+    step, answer = await attempt(request, attempts, _embed, operation="embeddings")
     ex.served_by = step.spec.name
     ex.served_model = answer["model"] = rt.model_ids[step.spec.name]
     usage = answer.get("usage")

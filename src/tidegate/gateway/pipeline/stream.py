@@ -187,8 +187,7 @@ class _Opener:
         )
         first: list[dict[str, Any]] = []
         try:
-            with rt.tracing.span("tidegate.attempt", **{"tidegate.provider": name}):
-                await _first_chunks(items, first)
+            await _first_chunks(items, first)
         except BaseException:
             await close(items)
             raise
