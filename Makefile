@@ -3,22 +3,32 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+#: `make run` installs only what the gateway needs (no lint, type, test or bench tools).
+RUN_STAMP := $(VENV)/.installed-run
 CONFIG ?= examples/tidegate.dev.yaml
+PORT   ?= 8080
 
 ACCEL  := build/accel
 ACCEL_STAMP := $(ACCEL)/.built
 
 .PHONY: run test lint fmt typecheck unit accel accel-test bench clean
 
-$(STAMP): pyproject.toml
+# The virtualenv on Python >= 3.11, with an up-to-date pip.
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tidegate needs Python >= 3.11, found " + sys.version.split()[0]'
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/tidegate serve --config $(CONFIG) --host 127.0.0.1 --port 8080
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $(RUN_STAMP)
+
+run: $(RUN_STAMP)
+	$(BIN)/tidegate serve --config $(CONFIG) --host 127.0.0.1 --port $(PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
