@@ -222,6 +222,8 @@ class SQLiteDatabase:
 
     def __init__(self, path: str | Path, *, timeout_s: float = 0.5) -> None:
         self.path = str(path)
+        #: How long a statement waits for another connection's write lock.
+        self.timeout_s = timeout_s
         #: ``with db.batch():`` runs the store calls made inside as one transaction: one lock
         #: and one commit. The pipeline decides a request's rate limits and budget reservation
         #: in one batch, and settles in another. Every call inside must complete without
