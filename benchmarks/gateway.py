@@ -391,15 +391,18 @@ def tidegate_config(workdir: Path, upstream_port: int, *, slowdown: int = 1) -> 
     """The default pipeline, with limits nobody reaches here, SQLite state and no cache.
 
     ``slowdown``: how many times slower than usual the requests will run (under callgrind or a
-    trace); the lease window is stretched by as much, so leases cover as many requests as usual.
+    trace); the lease window and the spend ledger's flush interval are stretched by as much, so
+    leases cover as many requests, and ledger batches hold as many rows, as usual.
     """
 
     def limit() -> dict[str, int]:
         return {"rate_per_s": UNLIMITED, "burst": UNLIMITED}
 
     state: dict[str, Any] = {"url": f"sqlite:///{workdir / 'state.db'}"}
+    stretched: dict[str, Any] = {}
     if slowdown != 1:
         state["leases"] = {"hold_s": 0.25 * slowdown}
+        stretched["ledger"] = {"flush_s": 1.0 * slowdown}
     config = {
         "profile": "dev",
         "server": {"host": HOST, "drain_seconds": 1, "request_timeout_s": 30},
@@ -418,6 +421,7 @@ def tidegate_config(workdir: Path, upstream_port: int, *, slowdown: int = 1) -> 
         "prices": {UPSTREAM_MODEL: {"input_per_1k": 0.0005, "output_per_1k": 0.0015}},
         "cache": {"enabled": False},
         "logging": {"level": "info"},
+        **stretched,
     }
     path = workdir / "tidegate.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
