@@ -28,6 +28,7 @@ if CHROMIUM is None or CHROMEDRIVER is None:
         allow_module_level=True,
     )
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -72,11 +73,21 @@ def browser() -> Iterator[Any]:
 
 
 def _until(driver: Any, check: Callable[[Any], Any], timeout: float = 10.0) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(check)
+    # The page re-renders its tables on every poll: an element found an instant before may be
+    # gone when it is read, which is a reason to look again, not a failure.
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(check)
 
 
 def _text(driver: Any, selector: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, selector).text)
+    """The element's text, found again if a re-render replaced it while it was being read."""
+    for _ in range(20):
+        try:
+            return str(driver.find_element(By.CSS_SELECTOR, selector).text)
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} was replaced on every read")
 
 
 def test_the_console_shows_a_breaker_opening_and_flips_the_kill_switch(
