@@ -91,6 +91,26 @@ async def test_the_budget_and_the_ledger_agree(gateway_client: AppFactory) -> No
 
 
 @pytest.mark.asyncio
+async def test_two_requests_with_one_request_id_are_two_rows(gateway_client: AppFactory) -> None:
+    """A caller that sends the same X-Request-ID twice makes two billed calls: the ledger keeps
+    both, as the budget counts both."""
+    clock = ManualClock(0.0, wall_start=1_800_000_000.0)
+    config = priced(budgets={"calls": 1_000})
+    async with gateway_client(config, clock=clock, sleep=_never) as (client, app):
+        for user in ("a", "b"):  # distinct bodies: the cache answers neither
+            body = {**CHAT, "user": user}
+            answer = await client.post(
+                "/v1/chat/completions", json=body, headers={"X-Request-ID": "same-id"}
+            )
+            assert answer.headers["x-request-id"] == "same-id"
+            clock.advance(0.01)
+        rows = await all_rows(app)
+        assert [r.request_id for r in rows] == ["same-id", "same-id"]
+        usage = await app.runtime.stores.quotas.usage("t1:u1")
+        assert usage.calls == 2 == sum(r.billed for r in rows)
+
+
+@pytest.mark.asyncio
 async def test_rows_wait_for_a_full_batch_or_the_timer(gateway_client: AppFactory) -> None:
     """A batch is written once it holds ``batch_rows`` rows; the rest ``flush_s`` later."""
     clock = ManualClock(0.0, wall_start=1_800_000_000.0)

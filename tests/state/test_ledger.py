@@ -96,6 +96,16 @@ async def test_a_retried_batch_adds_nothing(ledger: LedgerStore) -> None:
     assert len(await ledger.rows(T0, T0 + 10)) == 5
 
 
+async def test_two_requests_that_reuse_a_request_id_are_two_rows(ledger: LedgerStore) -> None:
+    """A caller may send the same X-Request-ID twice: each request settled is spend."""
+    first, second = row(1), row(2, request_id="req-1", cost_usd=1.0)
+    await ledger.append([settled_of(first)])
+    await ledger.append([settled_of(second)])
+    assert await ledger.rows(T0, T0 + 10) == [first, second]
+    (group,) = await ledger.summary("user", T0, T0 + 10)
+    assert (group.requests, group.calls) == (2, 2)
+
+
 async def test_summary_counts_only_billed_spend(ledger: LedgerStore) -> None:
     rows = [
         row(1),

@@ -145,8 +145,9 @@ class SpendGroup:
 class LedgerStore(Protocol):
     async def append(self, settled: Sequence[Settled]) -> None:
         """Add the rows of ``settled`` requests in one transaction: all of them or
-        (``StoreError``) none. A row whose request id is already kept is left as it was (a
-        batch retried after a lost answer)."""
+        (``StoreError``) none. A row whose request id and settle time are already kept is left
+        as it was (a batch retried after a lost answer); two requests that carried the same
+        caller-chosen request id settled at different times and are two rows."""
         ...
 
     async def purge(self, before: float) -> int:
@@ -200,11 +201,12 @@ class MemoryLedgerStore:
     """The ledger in a list: for tests and a single process."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, LedgerRow] = {}
+        #: By request id and settle time (see :meth:`LedgerStore.append`).
+        self._rows: dict[tuple[str, float], LedgerRow] = {}
 
     async def append(self, settled: Sequence[Settled]) -> None:
         for raw in settled:
-            self._rows.setdefault(raw[0], row_of(raw))
+            self._rows.setdefault((raw[0], raw[1]), row_of(raw))
 
     async def purge(self, before: float) -> int:
         old = [key for key, row in self._rows.items() if row.at < before]
@@ -224,11 +226,12 @@ class MemoryLedgerStore:
 
 _SQLITE_TABLE = """
 CREATE TABLE IF NOT EXISTS ledger (
-    request_id TEXT PRIMARY KEY, at REAL NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL,
+    request_id TEXT NOT NULL, at REAL NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL,
     user_name TEXT NOT NULL, route TEXT NOT NULL, served_by TEXT NOT NULL, model TEXT NOT NULL,
     prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL,
     outcome TEXT NOT NULL, status INTEGER NOT NULL, billed INTEGER NOT NULL,
-    degraded INTEGER NOT NULL, cached INTEGER NOT NULL, replayed INTEGER NOT NULL)
+    degraded INTEGER NOT NULL, cached INTEGER NOT NULL, replayed INTEGER NOT NULL,
+    PRIMARY KEY (request_id, at))
 """
 _SQLITE_INDEX = "CREATE INDEX IF NOT EXISTS ledger_at ON ledger (at)"
 #: :func:`row_of` in SQL: a batch of settled requests becomes rows without a Python step each.

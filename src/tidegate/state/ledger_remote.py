@@ -42,12 +42,13 @@ __all__ = ["PostgresLedgerStore", "RedisLedgerStore"]
 
 _PG_TABLE = """
 CREATE TABLE IF NOT EXISTS ledger (
-    request_id text PRIMARY KEY, at double precision NOT NULL, key_id text NOT NULL,
+    request_id text NOT NULL, at double precision NOT NULL, key_id text NOT NULL,
     tenant text NOT NULL, user_name text NOT NULL, route text NOT NULL,
     served_by text NOT NULL, model text NOT NULL, prompt_tokens bigint NOT NULL,
     completion_tokens bigint NOT NULL, cost_usd double precision NOT NULL,
     outcome text NOT NULL, status integer NOT NULL, billed boolean NOT NULL,
-    degraded boolean NOT NULL, cached boolean NOT NULL, replayed boolean NOT NULL);
+    degraded boolean NOT NULL, cached boolean NOT NULL, replayed boolean NOT NULL,
+    PRIMARY KEY (request_id, at));
 CREATE INDEX IF NOT EXISTS ledger_at ON ledger (at);
 """
 
@@ -78,7 +79,7 @@ class PostgresLedgerStore:
         marks = ", ".join(["%s"] * len(COLUMNS))
         query = (
             f"INSERT INTO ledger ({SQL_COLUMNS}) VALUES ({marks})"
-            " ON CONFLICT (request_id) DO NOTHING"
+            " ON CONFLICT (request_id, at) DO NOTHING"
         ).encode()
 
         async def work(conn: Connection) -> None:
