@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-__all__ = ["Clock", "ClockWentBackwards", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "ClockWentBackwards", "ManualClock", "SystemClock", "loop_round"]
 
 
 class Clock:
@@ -106,3 +106,8 @@ class ManualClock(Clock):
 
     def __repr__(self) -> str:
         return f"ManualClock({self._now!r})"
+
+
+async def loop_round() -> None:
+    """Let the event loop run one round of other work; waits for no time at all (not a clock)."""
+    await asyncio.sleep(0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -17,7 +19,7 @@ from tests.state.conftest import (
     redis_database,
     redis_prefix,
 )
-from tidegate.clock import ManualClock
+from tidegate.clock import ManualClock, loop_round
 from tidegate.state.ledger import (
     LedgerRow,
     LedgerStore,
@@ -184,3 +186,67 @@ async def test_every_url_has_a_ledger_in_its_durable_store(tmp_path: Path) -> No
         assert [r.request_id for r in await stores.ledger.rows(0, T0 + 10)] == ["req-1"]
     async with await store_from_url("memory://", clock=clock) as stores:
         assert isinstance(stores.ledger, MemoryLedgerStore)
+
+
+async def test_sqlite_moves_the_rows_of_the_first_table_layout(tmp_path: Path) -> None:
+    """A file written by the first layout (flags worked out on insert, keyed by request id)
+    keeps its rows, flags included, when a store of the current layout opens it."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as conn:
+        conn.executescript(
+            "CREATE TABLE ledger (request_id TEXT NOT NULL, at REAL NOT NULL, key_id TEXT NOT"
+            " NULL, tenant TEXT NOT NULL, user_name TEXT NOT NULL, route TEXT NOT NULL,"
+            " served_by TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,"
+            " completion_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL, outcome TEXT NOT NULL,"
+            " status INTEGER NOT NULL, billed INTEGER NOT NULL, degraded INTEGER NOT NULL,"
+            " cached INTEGER NOT NULL, replayed INTEGER NOT NULL, PRIMARY KEY (request_id, at));"
+            " CREATE INDEX ledger_at ON ledger (at);"
+            " INSERT INTO ledger VALUES ('a', 1000001.0, 'k', 't', 'u', 'chat', 'p', 'm', 3, 4,"
+            " 0.5, 'ok', 200, 1, 1, 0, 0), ('b', 1000002.0, 'k', 't', 'u', 'chat', 'p', 'm', 0,"
+            " 0, 0.0, 'ok', 200, 0, 0, 0, 1), ('c', 1000003.0, 'k', 't', 'u', 'chat', 'p', 'm',"
+            " 0, 0, 0.0, 'ok', 200, 1, 0, 1, 0);"
+        )
+    db = SQLiteDatabase(tmp_path / "state.db")
+    store = SQLiteLedgerStore(db)
+    try:
+        found = await store.rows(0, T0 + 10)
+        assert [(r.request_id, r.billed, r.degraded, r.cached, r.replayed) for r in found] == [
+            ("a", True, True, False, False),
+            ("b", False, False, False, True),
+            ("c", True, False, True, False),
+        ]
+        assert (found[0].prompt_tokens, found[0].cost_usd) == (3, 0.5)
+        await store.append([settled_of(row(9))])
+        assert len(await store.rows(0, T0 + 10)) == 4
+        tables = db.run(
+            lambda conn: conn.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
+        )
+        assert "ledger_first" not in {t[0] for t in tables}
+    finally:
+        db.close()
+
+
+async def test_sqlite_writes_a_large_batch_in_chunks_with_the_loop_running(
+    tmp_path: Path,
+) -> None:
+    """A batch of many chunks lands whole, and the event loop runs between its chunks."""
+    from tidegate.state.ledger import SQLITE_CHUNK_ROWS
+
+    db = SQLiteDatabase(tmp_path / "state.db")
+    store = SQLiteLedgerStore(db)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await loop_round()
+
+    beat = asyncio.ensure_future(ticker())
+    try:
+        count = SQLITE_CHUNK_ROWS * 5 + 7
+        await store.append([settled_of(row(i)) for i in range(count)])
+        assert len(await store.rows(0, T0 + count + 1, limit=count + 1)) == count
+        assert ticks >= 5
+    finally:
+        beat.cancel()
+        db.close()

@@ -136,13 +136,11 @@ def _memory(url: str, clock: Clock) -> _Backend:
 
 def _sqlite(url: str, clock: Clock, timeout_s: float) -> _Backend:
     db = SQLiteDatabase.from_url(url, timeout_s=timeout_s)
-    ledger = SQLiteLedgerStore(db)
 
     async def ping() -> None:
         db.ping()
 
     async def close() -> None:
-        ledger.close()
         db.close()
 
     return _Backend(
@@ -155,7 +153,7 @@ def _sqlite(url: str, clock: Clock, timeout_s: float) -> _Backend:
         actions=SQLitePendingActionStore(db, clock),
         rollout=SQLiteRolloutStore(db, clock),
         keys=SQLiteKeyStore(db, clock),
-        ledger=ledger,
+        ledger=SQLiteLedgerStore(db),
         ping=ping,
         close=close,
         batch=db.batch,
