@@ -471,6 +471,7 @@ class Gateway:
             "state_store": store,
             "providers": sorted(rt.providers),
             "breakers": breakers,
+            "headroom": rt.headroom.snapshot(),
         }
         await send_json(send, 200 if not problems else 503, body)
 

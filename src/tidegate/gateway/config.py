@@ -4,8 +4,7 @@ Every model forbids unknown keys, so a misspelt key refuses to start and the mes
 and the file. Secrets are never inline values: ``api_key_file`` and ``keys_file`` name files whose
 contents are read at start-up. The ``production`` profile adds rules (see :func:`profile_problems`).
 
-Environment overrides use ``__`` to descend: ``TIDEGATE_SERVER__PORT=9000`` sets ``server.port``;
-values are parsed as YAML scalars (``true``, ``12``, ``0.5``, ``[a, b]``).
+Environment overrides descend by ``__`` (``TIDEGATE_SERVER__PORT=9000``), values as YAML scalars.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ __all__ = [
     "DegradeConfig",
     "DegradedConfig",
     "FlagConfig",
+    "HeadroomConfig",
     "IdempotencyConfig",
     "LedgerConfig",
     "LoggingConfig",
@@ -62,9 +62,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TIDEGATE_"
-#: TIDEGATE_* variables that are not config overrides: the config path for worker processes, the
-#: git sha the image build bakes in (served at /version), the admin client's settings, and the
-#: folder where worker processes share their metrics (set by ``tidegate serve --workers N``).
+#: TIDEGATE_* variables that are not config overrides: the workers' config path and metrics
+#: folder (``tidegate serve --workers N``), the image's git sha (/version), the admin client's.
 NOT_OVERRIDES = frozenset(
     {
         "TIDEGATE_CONFIG",
@@ -98,9 +97,8 @@ class ServerConfig(_Strict):
     drain_seconds: NonNegFloat = 20.0
     max_body_bytes: PositiveInt = 1_048_576
     request_timeout_s: PositiveFloat = 60.0
-    #: What one connection may make the server hold before the app sees a request (see
-    #: ``gateway.protocol``): an API client's head is a dozen headers and about a kilobyte.
-    #: 100 fields and 32 KiB are Apache's field limit and nginx's default header buffers.
+    #: What a connection may make the server hold before the app sees it (``gateway.protocol``):
+    #: a client's head is ~12 fields, ~1 KiB; 100 and 32 KiB are Apache's and nginx's defaults.
     max_header_count: PositiveInt = 100
     max_header_bytes: Annotated[int, Field(ge=1024)] = 32_768
     #: From a connection's (or a request's) first byte to the end of its headers.
@@ -109,12 +107,11 @@ class ServerConfig(_Strict):
     body_timeout_s: PositiveFloat = 30.0
     #: An idle keep-alive connection is closed after this (uvicorn's own default).
     keep_alive_s: PositiveFloat = 5.0
-    #: Requests the process holds at once before a model request is refused at the connection
-    #: (see ``gateway.protocol.Door``); None: twice admission's places (slots + queue_cap).
+    #: Requests held before a model request is refused at the connection (``protocol.Door``);
+    #: None: twice admission's places (slots + queue_cap).
     max_open_requests: PositiveInt | None = None
-    #: A second listener, in the same process, for the admin API, the console and (with
-    #: ``admin_metrics``) /metrics; the public port then answers 404 for them. None: the admin
-    #: API stays on the public port and there is no console. 0 picks a free port.
+    #: A second listener for the admin API, the console and (``admin_metrics``) /metrics, which
+    #: the public port then answers 404; None: admin on the public port, no console; 0: any port.
     admin_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     admin_host: str = "127.0.0.1"
     admin_metrics: bool = True
@@ -162,8 +159,7 @@ NEEDS_BASE_URL = frozenset({"openai", "anthropic", "azure_openai"})
 #: In a provider's ``models``: any model id; ending a route alias (``"openai/*"``): pass through.
 ANY_MODEL = "*"
 WILDCARD_SUFFIX = "/*"
-#: Types whose provider sends each request's ``model`` (one instance serves all its models);
-#: the others call the model they were built for.
+#: Types that send each request's ``model`` (one instance serves all); the others call theirs.
 BODY_MODEL_TYPES = frozenset({"openai", "anthropic", "gemini", "fake"})
 _Share = Annotated[float, Field(gt=0, le=1)]  # a canary's share of its route's traffic
 
@@ -184,13 +180,11 @@ class ProviderConfig(_Strict):
     stream: StreamConfig = StreamConfig()
     #: Behaviour of the in-process fake provider (only with ``type: fake``).
     fake: dict[str, Any] | None = None
-    #: Settings of the provider types that need more than a URL and a key (each only with its
-    #: own type); each section is the provider module's own strict model.
+    #: Settings of the types that need more than a URL and a key: each its module's strict model.
     azure_openai: AzureOpenAIOptions | None = None
     bedrock: BedrockOptions | None = None
     gemini: GeminiOptions | None = None
-    #: An OpenAI-compatible service's preset (only with ``type: openai``): its default base URL,
-    #: its auth and its request-field rules (docs/providers/presets.md).
+    #: An OpenAI-compatible service's base URL, auth and field rules (docs/providers/presets.md).
     preset: str | None = None
 
     @model_validator(mode="before")
@@ -369,6 +363,12 @@ class LedgerConfig(_Strict):
     retention_days: PositiveInt | None = 90
 
 
+class HeadroomConfig(_Strict):
+    prefer_others: bool = False
+    low_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    horizon_s: PositiveFloat = 60.0
+
+
 class LoggingConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -402,6 +402,7 @@ class Config(_Strict):
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
     ledger: LedgerConfig = LedgerConfig()
+    headroom: HeadroomConfig = HeadroomConfig()
     flags: tuple[FlagConfig, ...] = ()
     default_data_class: str = "internal"
 

@@ -278,6 +278,14 @@ class Metrics:
         )
 
     def _define_providers(self, r: CollectorRegistry) -> None:
+        #: Set from the providers' latest reports when /metrics is scraped.
+        self.headroom_remaining = Gauge(
+            "tidegate_provider_headroom_remaining",
+            "What a provider last reported left of its rate limit, by resource"
+            " (requests, tokens, input_tokens, output_tokens).",
+            ["provider", "resource"],
+            registry=r,
+        )
         self.breaker_state = Gauge(
             "tidegate_breaker_state",
             "Circuit breaker state per provider: 0 closed, 1 half-open, 2 open.",

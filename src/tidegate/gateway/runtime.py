@@ -69,10 +69,12 @@ from tidegate.policy.breaker import BreakerState, CircuitBreaker
 from tidegate.policy.budget import BudgetOptions
 from tidegate.policy.deadline import Deadline
 from tidegate.policy.flags import FlagSet
+from tidegate.policy.headroom import HeadroomBook
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import RetryBudget, RetryOptions
 from tidegate.policy.routing import FailoverOptions, retry_same
 from tidegate.providers.base import Provider
+from tidegate.providers.transport import ReportsHeadroom
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores
 from tidegate.state.verdicts import read_latest_verdicts, verdict_store_for
@@ -223,6 +225,9 @@ class Runtime:
     #: encoding for OpenAI's models, the four-characters estimate for the rest), chosen once.
     prompt_counters: dict[str, PromptCounter] = field(init=False, repr=False)
     input_counters: dict[str, InputCounter] = field(init=False, repr=False)
+    #: What each provider last reported of its rate limits (``headroom``), told by the
+    #: providers whose APIs report it.
+    headroom: HeadroomBook = field(init=False, repr=False)
     #: What a chat reservation reads of its primary, in one lookup: the prompt counter and the
     #: model's prices per 1k tokens (input, output; 0 when it has none).
     reserve_meters: dict[str, tuple[PromptCounter, float, float]] = field(init=False, repr=False)
@@ -252,6 +257,17 @@ class Runtime:
             retry_on=self.retry_on,
             on_event=self.tracing.recording(_count_attempt_events(self.metrics), attempt_event),
         )
+        watched = self.config.headroom
+        self.headroom = HeadroomBook(
+            self.clock,
+            low_fraction=watched.low_fraction,
+            horizon_s=watched.horizon_s,
+            prefer_others=watched.prefer_others,
+        )
+        for provider in self.providers.values():
+            if isinstance(provider, ReportsHeadroom):
+                # Under the upstream's own name: the names a route reaches it by share its limits.
+                provider.headers_seen = functools.partial(self.headroom.observe, provider.name)
 
     def approved_fallbacks(self) -> frozenset[str]:
         """Providers that automatic failover may use: a latest eval verdict of ``go`` or
@@ -288,7 +304,15 @@ class Runtime:
         """The gauges that are read from the policies (and the request count) at scrape time."""
         self.metrics.in_flight.set(self.in_flight)
         self.refresh_breaker_metrics()
+        self.refresh_headroom_metrics()
         self.admission.refresh_metrics()
+
+    def refresh_headroom_metrics(self) -> None:
+        for name, found in self.headroom.reported().items():
+            for allowance in found.allowances:
+                self.metrics.headroom_remaining.labels(name, allowance.resource).set(
+                    allowance.remaining
+                )
 
     def refresh_breaker_metrics(self) -> None:
         for name, breaker in self.breakers.items():

@@ -44,8 +44,10 @@ log = structlog.get_logger("tidegate")
 METRICS_DIR_ENV = "TIDEGATE_METRICS_DIR"
 #: How often a worker writes its metrics for the others' scrapes.
 SHARE_EVERY_S = 0.25
-#: Gauges whose workers' values merge to the largest (the others are added up).
+#: Gauges whose workers' values merge to the largest, or to the smallest (a provider's headroom:
+#: the worker that heard of the least left); the others are added up.
 MAX_GAUGES = frozenset({"tidegate_breaker_state"})
+MIN_GAUGES = frozenset({"tidegate_provider_headroom_remaining"})
 
 #: One worker's metrics as written: ``[name, type, help, [[sample, labels, value], ...]]``.
 Family = list[Any]
@@ -131,7 +133,8 @@ class _Families:
 
 def merge(snapshots: Iterable[tuple[bool, list[Family]]]) -> list[Metric]:
     """The families of several workers as one: counters and histograms added up, gauges of the
-    running workers added up (or the largest, :data:`MAX_GAUGES`), ``_created`` the earliest."""
+    running workers added up (or the largest, :data:`MAX_GAUGES`, or the smallest,
+    :data:`MIN_GAUGES`), ``_created`` the earliest."""
     heads: dict[str, tuple[str, str]] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for running, families in snapshots:
@@ -158,6 +161,8 @@ def _combine(name: str, kind: str, sample: str, seen: float, value: float) -> fl
         return min(seen, value)
     if kind == "gauge" and name in MAX_GAUGES:
         return max(seen, value)
+    if kind == "gauge" and name in MIN_GAUGES:
+        return min(seen, value)
     return seen + value
 
 

@@ -77,6 +77,7 @@ from tidegate.providers.translate import (
     usage_with_cache,
 )
 from tidegate.providers.transport import (
+    HeadersSeen,
     HTTPAnswer,
     answer_object,
     error_info,
@@ -449,6 +450,9 @@ class AnthropicProvider:
     ``Retry-After`` values.
     """
 
+    #: Told every answer's headers (the headroom it reports), when the gateway watches them.
+    headers_seen: HeadersSeen | None = None
+
     def __init__(
         self,
         name: str,
@@ -496,6 +500,7 @@ class AnthropicProvider:
             timeout=timeout,
             provider=self.name,
             redactor=self._redactor,
+            observe=self.headers_seen,
         )
         data = answer_object(
             answer,
@@ -536,6 +541,7 @@ class AnthropicProvider:
             total_timeout=total_timeout,
             error_for=self._error_for,
             redactor=self._redactor,
+            observe=self.headers_seen,
         )
         async with aclosing(json_events(events)) as items:
             async for item in items:

@@ -61,6 +61,7 @@ from tidegate.providers.base import JSONObject, Provider, StreamItem
 from tidegate.providers.openai import openai_answer, openai_chunks, openai_error_for
 from tidegate.providers.redact import Redactor, request_id_of
 from tidegate.providers.transport import (
+    HeadersSeen,
     HTTPAnswer,
     error_info,
     parse_json_object,
@@ -251,6 +252,9 @@ class AzureOpenAIProvider:
     ``clock`` is read only to interpret an HTTP-date ``Retry-After``.
     """
 
+    #: Told every answer's headers (the headroom it reports), when the gateway watches them.
+    headers_seen: HeadersSeen | None = None
+
     def __init__(
         self,
         name: str,
@@ -321,6 +325,7 @@ class AzureOpenAIProvider:
             total_timeout=total_timeout,
             error_for=error_for,
             redactor=redactor,
+            observe=self.headers_seen,
         )
         async with aclosing(openai_chunks(events, error_for)) as items:
             async for item in items:
@@ -356,6 +361,7 @@ class AzureOpenAIProvider:
             timeout=timeout,
             provider=self.name,
             redactor=redactor,
+            observe=self.headers_seen,
         )
         if not 200 <= answer.status < 300:
             raise self._error_for(redactor)(answer)

@@ -60,6 +60,7 @@ from tidegate.providers.presets import Preset
 from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
 from tidegate.providers.sse import SSEEvent
 from tidegate.providers.transport import (
+    HeadersSeen,
     HTTPAnswer,
     answer_object,
     error_info,
@@ -240,6 +241,9 @@ class OpenAIProvider:
     the request fields its service does not take, before anything is sent.
     """
 
+    #: Told every answer's headers (the headroom it reports), when the gateway watches them.
+    headers_seen: HeadersSeen | None = None
+
     def __init__(
         self,
         name: str,
@@ -285,6 +289,7 @@ class OpenAIProvider:
             timeout=timeout,
             provider=self.name,
             redactor=self._redactor,
+            observe=self.headers_seen,
         )
         return self._answer(answer, "chat")
 
@@ -309,6 +314,7 @@ class OpenAIProvider:
             total_timeout=total_timeout,
             error_for=self._error_for,
             redactor=self._redactor,
+            observe=self.headers_seen,
         )
         async with aclosing(openai_chunks(events, self._error_for)) as items:
             async for item in items:
@@ -329,6 +335,7 @@ class OpenAIProvider:
             timeout=timeout,
             provider=self.name,
             redactor=self._redactor,
+            observe=self.headers_seen,
         )
         return self._answer(answer, "embeddings")
 

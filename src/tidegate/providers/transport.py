@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from re import Pattern
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import aiohttp
 import orjson
@@ -35,6 +35,8 @@ __all__ = [
     "NO_CLIENT_TIMEOUT",
     "ErrorInfo",
     "HTTPAnswer",
+    "HeadersSeen",
+    "ReportsHeadroom",
     "answer_object",
     "error_info",
     "error_message",
@@ -55,6 +57,16 @@ NO_CLIENT_TIMEOUT = aiohttp.ClientTimeout(
 )
 
 K = ProviderErrorKind
+#: Told the headers of every answer (a provider's ``headers_seen``: reported headroom).
+HeadersSeen = Callable[[Mapping[str, str]], object]
+
+
+@runtime_checkable
+class ReportsHeadroom(Protocol):
+    """A provider whose API reports its rate limits' headroom in answer headers: the gateway
+    sets ``headers_seen`` to hear of every answer's."""
+
+    headers_seen: HeadersSeen | None
 
 
 class HTTPAnswer(NamedTuple):
@@ -268,8 +280,10 @@ async def post_json(
     timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
     provider: str,
     redactor: Redactor = NO_SECRETS,
+    observe: HeadersSeen | None = None,
 ) -> HTTPAnswer:
-    """POST ``payload`` as JSON and read the whole answer within ``timeout`` seconds."""
+    """POST ``payload`` as JSON and read the whole answer within ``timeout`` seconds;
+    ``observe`` sees the answer's headers (errors' too: a 429 reports headroom as well)."""
     try:
         async with (
             timeout_after(timeout),
@@ -278,6 +292,8 @@ async def post_json(
             ) as response,
         ):
             body = await response.read()
+            if observe is not None:
+                observe(response.headers)
             return HTTPAnswer(response.status, response.headers, body)
     except Exception as exc:
         error = exception_to_error(
@@ -303,13 +319,14 @@ async def stream_events(
     total_timeout: float | None,
     error_for: Callable[[HTTPAnswer], ProviderError],
     redactor: Redactor = NO_SECRETS,
+    observe: HeadersSeen | None = None,
 ) -> AsyncGenerator[SSEEvent, None]:
     """POST ``payload`` and yield the server-sent events of the answer.
 
     ``timeout`` runs until the first event, ``chunk_timeout`` between two events (measured
     while this generator waits, not while the caller works) and ``total_timeout`` over the
     whole stream. An answer that is not a 2xx event stream is read whole and handed to
-    ``error_for``, whose error is raised. Close the generator (``contextlib.aclosing``) when
+    ``error_for``, whose error is raised. ``observe`` sees the answer's headers. Close the generator (``contextlib.aclosing``) when
     leaving early: that releases the connection at once.
     """
     loop = asyncio.get_running_loop()
@@ -337,6 +354,8 @@ async def stream_events(
             response = await session.post(
                 url, data=orjson.dumps(payload), headers=headers, timeout=NO_CLIENT_TIMEOUT
             )
+            if observe is not None:
+                observe(response.headers)
             content_type = response.headers.get("content-type", "")
             if response.status >= 300 or not content_type.startswith("text/event-stream"):
                 body = await response.read()

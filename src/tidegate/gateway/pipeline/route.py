@@ -2,7 +2,8 @@
 skipped (:func:`~tidegate.policy.routing.plan_route`): the data class, fallbacks the release gate
 (and the eval gate) did not approve, open breakers, and, on a route where a context window is
 known, the providers whose window the prompt plus ``max_tokens`` would overflow
-(:func:`~tidegate.policy.routing.fit_context`). With none left the request is refused: 503
+(:func:`~tidegate.policy.routing.fit_context`); with ``headroom.prefer_others``, the candidates
+whose provider reported low headroom go last (:mod:`tidegate.policy.headroom`). With none left the request is refused: 503
 ``circuit_open`` when breakers are the reason, 400 ``context_length_exceeded`` when windows are,
 else 403. Nothing has been sent by then, and the settle step refunds the budget."""
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from tidegate.errors import CircuitOpen, ContextLengthExceeded, Forbidden
 from tidegate.gateway.pipeline.request import Request
+from tidegate.policy.headroom import prefer_ample
 from tidegate.policy.routing import ProviderSpec, RoutePlan, SkipReason, fit_context
 
 __all__ = ["plan", "prompt_bound"]
@@ -36,11 +38,22 @@ def plan(request: Request) -> bool:
     found = route.plan(identity.data_class, rt.approved_fallbacks(), open_breakers)
     if route.smallest_window is not None:
         found = _fitting(request, found, route.smallest_window)
+    if rt.headroom.prefer_others and len(found.candidates) > 1:
+        found = _around_low(request, found)
     request.plan = found
     request.ex.skipped = found.skipped
     if found.candidates:
         return False
     return _refuse(request, found)
+
+
+def _around_low(request: Request, found: RoutePlan) -> RoutePlan:
+    """The plan with the candidates whose reported headroom is low behind the others
+    (``headroom.prefer_others``); each is looked up under its upstream's own name."""
+    rt = request.rt
+    providers, headroom = rt.providers, rt.headroom
+    low = [c.name for c in found.candidates if headroom.low(providers[c.name].name) is not None]
+    return prefer_ample(found, low)
 
 
 def _refuse(request: Request, found: RoutePlan) -> bool:
