@@ -472,6 +472,7 @@ class Gateway:
             "providers": sorted(rt.providers),
             "breakers": breakers,
             "headroom": rt.headroom.snapshot(),
+            "slow_start": {} if rt.slow_start is None else rt.slow_start.ramping(),
         }
         await send_json(send, 200 if not problems else 503, body)
 

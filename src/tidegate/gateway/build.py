@@ -41,6 +41,7 @@ from tidegate.policy.budget import BudgetOptions, Quota
 from tidegate.policy.flags import FlagSpec
 from tidegate.policy.ratelimit import BucketOptions
 from tidegate.policy.retry import Jitter, RetryBudget, RetryOptions
+from tidegate.policy.slowstart import SlowStart, SlowStartOptions
 from tidegate.providers.base import Provider
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
 from tidegate.state.url import Stores, store_from_urls
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "admin_keys_from",
     "admission_options_from",
+    "breaker_events",
     "breaker_options_from",
     "breakers_for",
     "bucket_options",
@@ -68,6 +70,7 @@ __all__ = [
     "providers_from",
     "retry_budget_from",
     "retry_policy_from",
+    "slow_start_from",
     "upstream_session",
     "with_leases",
 ]
@@ -120,6 +123,12 @@ def breaker_options_from(config: Config) -> BreakerOptions:
         recovery=b.recovery_s,
         recovery_jitter=b.recovery_jitter,
     )
+
+
+def slow_start_from(config: Config, clock: Clock, rng: random.Random) -> SlowStart | None:
+    """The recovered providers' ramp (``breaker.slow_start_s``), or None when it is off."""
+    window = config.breaker.slow_start_s
+    return SlowStart(SlowStartOptions(window_s=window), clock, rng) if window > 0 else None
 
 
 def budget_options_from(config: Config) -> BudgetOptions | None:
@@ -367,28 +376,39 @@ def breakers_for(
     config: Config,
     clock: Clock,
     rng: random.Random,
-    metrics: Metrics,
-    tracing: Tracing | None = None,
+    on_event: Callable[[BreakerEvent], None],
 ) -> dict[str, CircuitBreaker]:
-    """One breaker per provider, its state changes counted by the state it moved to (and,
-    with ``tracing`` on, its changes and refusals events of the current span)."""
+    """One breaker per provider, each telling ``on_event`` (:func:`breaker_events`)."""
     options = breaker_options_from(config)
-    on_event = _count_transitions(metrics)
-    if tracing is not None:
-        on_event = tracing.recording(on_event, breaker_event)
     return {
         name: CircuitBreaker(name, options, clock=clock, rng=rng, on_event=on_event)
         for name in providers
     }
 
 
-def _count_transitions(metrics: Metrics) -> Callable[[BreakerEvent], None]:
-    """Count each breaker's state changes by the state it moved to."""
+def breaker_events(
+    metrics: Metrics, tracing: Tracing | None = None, slow_start: SlowStart | None = None
+) -> Callable[[BreakerEvent], None]:
+    """What a breaker's events feed: its state changes counted by the state it moved to; with
+    ``tracing`` on, its changes and refusals as events of the current span; with
+    ``slow_start``, a close starts the provider's ramp and an open ends it."""
+    on_event = _count_transitions(metrics, slow_start)
+    if tracing is not None:
+        on_event = tracing.recording(on_event, breaker_event)
+    return on_event
+
+
+def _count_transitions(
+    metrics: Metrics, slow_start: SlowStart | None = None
+) -> Callable[[BreakerEvent], None]:
+    """Count each breaker's state changes by the state it moved to (and tell ``slow_start``)."""
     moved = {CircuitOpened: "open", CircuitHalfOpened: "half_open", CircuitClosed: "closed"}
 
     def on_event(event: BreakerEvent) -> None:
         to = moved.get(type(event))
         if to is not None:
             metrics.breaker_transitions.labels(event.name, to).inc()
+            if slow_start is not None:
+                slow_start.on_event(event)
 
     return on_event

@@ -107,8 +107,7 @@ class ServerConfig(_Strict):
     body_timeout_s: PositiveFloat = 30.0
     #: An idle keep-alive connection is closed after this (uvicorn's own default).
     keep_alive_s: PositiveFloat = 5.0
-    #: Requests held before a model request is refused at the connection (``protocol.Door``);
-    #: None: twice admission's places (slots + queue_cap).
+    #: Requests held before a model request is refused at the door; None: 2 x (slots + queue_cap).
     max_open_requests: PositiveInt | None = None
     #: A second listener for the admin API, the console and (``admin_metrics``) /metrics, which
     #: the public port then answers 404; None: admin on the public port, no console; 0: any port.
@@ -274,6 +273,7 @@ class BreakerConfig(_Strict):
     minimum_calls: PositiveInt = 10
     recovery_s: PositiveFloat = 30.0
     recovery_jitter: Annotated[float, Field(ge=0, le=1)] = 0.2
+    slow_start_s: Annotated[float, Field(ge=0)] = 0.0  # policy/slowstart.py; 0: off
 
 
 class RateConfig(_Strict):

@@ -14,7 +14,7 @@ import re
 
 from tidegate.catalogue.tokens import input_counter, prompt_counter
 from tidegate.errors import ModelNotFound
-from tidegate.gateway.build import breakers_for
+from tidegate.gateway.build import breaker_events, breakers_for
 from tidegate.gateway.config import WILDCARD_SUFFIX, RouteConfig, catalogue_entry
 from tidegate.gateway.routes import Route, route_of
 from tidegate.gateway.runtime import Runtime
@@ -73,7 +73,11 @@ def _upstream(rt: Runtime, base: str, model: str) -> str:
     rt.providers[name] = rt.providers[base]
     rt.breakers.update(
         breakers_for(
-            {name: rt.providers[base]}, rt.config, rt.clock, rt.rng, rt.metrics, rt.tracing
+            {name: rt.providers[base]},
+            rt.config,
+            rt.clock,
+            rt.rng,
+            breaker_events(rt.metrics, rt.tracing, rt.slow_start),
         )
     )
     rt.model_ids[name] = model

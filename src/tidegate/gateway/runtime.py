@@ -27,6 +27,7 @@ from tidegate.gateway.auth import AdminKeys, Identity, KeyRing
 from tidegate.gateway.build import (
     admin_keys_from,
     admission_options_from,
+    breaker_events,
     breakers_for,
     bucket_options,
     budget_options_from,
@@ -42,6 +43,7 @@ from tidegate.gateway.build import (
     providers_from,
     retry_budget_from,
     retry_policy_from,
+    slow_start_from,
     upstream_session,
     with_leases,
 )
@@ -73,6 +75,7 @@ from tidegate.policy.headroom import HeadroomBook
 from tidegate.policy.ratelimit import BucketOptions, TakeResult, TokenBucket
 from tidegate.policy.retry import RetryBudget, RetryOptions
 from tidegate.policy.routing import FailoverOptions, retry_same
+from tidegate.policy.slowstart import SlowStart
 from tidegate.providers.base import Provider
 from tidegate.providers.transport import ReportsHeadroom
 from tidegate.state.leases import LeasedBuckets, LeasedQuotas
@@ -225,6 +228,8 @@ class Runtime:
     #: encoding for OpenAI's models, the four-characters estimate for the rest), chosen once.
     prompt_counters: dict[str, PromptCounter] = field(init=False, repr=False)
     input_counters: dict[str, InputCounter] = field(init=False, repr=False)
+    #: The providers ramping back after their breaker closed (``breaker.slow_start_s``).
+    slow_start: SlowStart | None = None
     #: What each provider last reported of its rate limits (``headroom``), told by the
     #: providers whose APIs report it.
     headroom: HeadroomBook = field(init=False, repr=False)
@@ -395,6 +400,7 @@ async def build_runtime(
     upstreams = upstream_configs(config)
     providers = expand_providers(providers, upstreams)
     metrics = Metrics()
+    slow_start = slow_start_from(config, clock, rng)
     runtime = Runtime(
         config=config,
         config_path=config_path,
@@ -405,7 +411,10 @@ async def build_runtime(
         stores=stores,
         providers=providers,
         provider_configs=upstreams,
-        breakers=breakers_for(providers, config, clock, rng, metrics, tracing),
+        breakers=breakers_for(
+            providers, config, clock, rng, breaker_events(metrics, tracing, slow_start)
+        ),
+        slow_start=slow_start,
         routes=routes_from(config),
         version_routes=version_routes_from(config),
         corpus=corpus_from(config, config_path),

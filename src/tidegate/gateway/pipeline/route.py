@@ -3,7 +3,8 @@ skipped (:func:`~tidegate.policy.routing.plan_route`): the data class, fallbacks
 (and the eval gate) did not approve, open breakers, and, on a route where a context window is
 known, the providers whose window the prompt plus ``max_tokens`` would overflow
 (:func:`~tidegate.policy.routing.fit_context`); with ``headroom.prefer_others``, the candidates
-whose provider reported low headroom go last (:mod:`tidegate.policy.headroom`). With none left the request is refused: 503
+whose provider reported low headroom go last (:mod:`tidegate.policy.headroom`), and so does a
+recovered provider its slow start holds back (:mod:`tidegate.policy.slowstart`). With none left the request is refused: 503
 ``circuit_open`` when breakers are the reason, 400 ``context_length_exceeded`` when windows are,
 else 403. Nothing has been sent by then, and the settle step refunds the budget."""
 
@@ -38,8 +39,8 @@ def plan(request: Request) -> bool:
     found = route.plan(identity.data_class, rt.approved_fallbacks(), open_breakers)
     if route.smallest_window is not None:
         found = _fitting(request, found, route.smallest_window)
-    if rt.headroom.prefer_others and len(found.candidates) > 1:
-        found = _around_low(request, found)
+    if len(found.candidates) > 1 and (rt.headroom.prefer_others or rt.slow_start is not None):
+        found = _reordered(request, found)
     request.plan = found
     request.ex.skipped = found.skipped
     if found.candidates:
@@ -47,13 +48,20 @@ def plan(request: Request) -> bool:
     return _refuse(request, found)
 
 
-def _around_low(request: Request, found: RoutePlan) -> RoutePlan:
-    """The plan with the candidates whose reported headroom is low behind the others
-    (``headroom.prefer_others``); each is looked up under its upstream's own name."""
+def _reordered(request: Request, found: RoutePlan) -> RoutePlan:
+    """The plan with some candidates behind the others: those whose reported headroom is low
+    (``headroom.prefer_others``; looked up under the upstream's own name), and those a
+    provider's slow start holds back from this request (``breaker.slow_start_s``)."""
     rt = request.rt
-    providers, headroom = rt.providers, rt.headroom
-    low = [c.name for c in found.candidates if headroom.low(providers[c.name].name) is not None]
-    return prefer_ample(found, low)
+    behind: list[str] = []
+    if rt.headroom.prefer_others:
+        providers, headroom = rt.providers, rt.headroom
+        behind += [
+            c.name for c in found.candidates if headroom.low(providers[c.name].name) is not None
+        ]
+    if rt.slow_start is not None:
+        behind += rt.slow_start.held_back(c.name for c in found.candidates)
+    return prefer_ample(found, behind) if behind else found
 
 
 def _refuse(request: Request, found: RoutePlan) -> bool:
