@@ -189,3 +189,18 @@ def test_reordering_keeps_every_candidate_and_both_orders(names: list[str], low:
         assert moved == ample + lows
     else:
         assert moved == names
+
+
+def test_a_watcher_reads_only_its_dialects_headers() -> None:
+    clock = ManualClock(0.0, wall_start=WALL)
+    book = HeadroomBook(clock)
+    openai = book.watcher("o", "openai")
+    anthropic = book.watcher("a", "anthropic")
+    openai({"anthropic-ratelimit-requests-remaining": "0"})
+    anthropic(openai_headers(0))
+    assert book.reported() == {}
+    openai(openai_headers(0))
+    anthropic({"anthropic-ratelimit-requests-remaining": "0"})
+    assert sorted(book.reported()) == ["a", "o"]
+    assert book.low("a") is not None
+    assert book.low("o") is not None

@@ -272,7 +272,9 @@ class Runtime:
         for provider in self.providers.values():
             if isinstance(provider, ReportsHeadroom):
                 # Under the upstream's own name: the names a route reaches it by share its limits.
-                provider.headers_seen = functools.partial(self.headroom.observe, provider.name)
+                provider.headers_seen = self.headroom.watcher(
+                    provider.name, provider.headroom_dialect
+                )
 
     def approved_fallbacks(self) -> frozenset[str]:
         """Providers that automatic failover may use: a latest eval verdict of ``go`` or

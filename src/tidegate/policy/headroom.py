@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +47,8 @@ _OPENAI_MARK = "x-ratelimit-remaining-requests"
 _OPENAI_TOKENS_MARK = "x-ratelimit-remaining-tokens"
 _ANTHROPIC_MARK = "anthropic-ratelimit-requests-remaining"
 _ANTHROPIC_TOKENS_MARK = "anthropic-ratelimit-tokens-remaining"
+#: Each dialect's header that is there whenever an answer reports headroom.
+_MARKS = {"openai": _OPENAI_MARK, "anthropic": _ANTHROPIC_MARK}
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
@@ -214,6 +216,20 @@ class HeadroomBook:
         if found is not None:
             self._latest[provider] = found
         return found
+
+    def watcher(self, provider: str, dialect: str) -> Callable[[Mapping[str, str]], None]:
+        """What a provider speaking ``dialect`` (``openai`` or ``anthropic``) tells of every
+        answer's headers: one lookup of that dialect's requests header decides whether the
+        answer reports anything (both APIs send it whenever they report headroom; an upstream
+        that reports nothing costs that one lookup an answer)."""
+        mark = _MARKS[dialect]
+        observe = self.observe
+
+        def seen(headers: Mapping[str, str]) -> None:
+            if mark in headers:
+                observe(provider, headers)
+
+        return seen
 
     def latest(self, provider: str) -> Headroom | None:
         return self._latest.get(provider)

@@ -452,6 +452,7 @@ class AnthropicProvider:
 
     #: Told every answer's headers (the headroom it reports), when the gateway watches them.
     headers_seen: HeadersSeen | None = None
+    headroom_dialect = "anthropic"
 
     def __init__(
         self,

@@ -243,6 +243,7 @@ class OpenAIProvider:
 
     #: Told every answer's headers (the headroom it reports), when the gateway watches them.
     headers_seen: HeadersSeen | None = None
+    headroom_dialect = "openai"
 
     def __init__(
         self,

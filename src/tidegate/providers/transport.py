@@ -67,6 +67,8 @@ class ReportsHeadroom(Protocol):
     sets ``headers_seen`` to hear of every answer's."""
 
     headers_seen: HeadersSeen | None
+    #: Whose rate-limit headers its API sends: ``openai`` (``x-ratelimit-*``) or ``anthropic``.
+    headroom_dialect: str
 
 
 class HTTPAnswer(NamedTuple):
