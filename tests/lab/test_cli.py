@@ -45,6 +45,7 @@ def test_help_lists_every_scenario() -> None:
         "autoscale",
         "plan",
         "replay",
+        "recovery",
     ):
         assert command in output
 
@@ -330,7 +331,7 @@ def test_the_same_command_prints_the_same_output() -> None:
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "lab.md"
 DOCUMENTED = re.compile(r"```console\n\$ tidegate lab (.+?)\n```\n\n```text\n(.*?)\n```", re.DOTALL)
-CHEAP = ("capacity", "backpressure", "storm", "gameday", "plan", "replay")
+CHEAP = ("capacity", "backpressure", "storm", "gameday", "plan", "replay", "recovery")
 
 
 def documented_runs() -> list[Any]:
@@ -369,6 +370,7 @@ def test_every_scenario_is_documented_with_a_plot() -> None:
         "autoscale",
         "plan",
         "replay",
+        "recovery",
     }
     images = re.findall(r"\]\((img/lab-[a-z]+\.png)\)", text)
     assert len(images) >= 7
