@@ -46,6 +46,7 @@ def test_help_lists_every_scenario() -> None:
         "plan",
         "replay",
         "recovery",
+        "placement",
     ):
         assert command in output
 
@@ -282,12 +283,24 @@ def test_replay_compares_recorded_and_replayed_outcomes(tmp_path: Path) -> None:
     output = run("replay")
     assert "What would have changed" in output
     log = tmp_path / "log.jsonl"
-    log.write_text("\n".join(json.dumps({"at": i, "latency": 0.5}) for i in range(20)))
+    lines = ["tidegate listening on http://0.0.0.0:8080", "INFO:     Started server process"]
+    lines += [json.dumps({"at": i, "latency": 0.5}) for i in range(20)]
+    log.write_text("\n".join(lines))
     config = tmp_path / "tidegate.yaml"
-    config.write_text("admission: {classes: [standard], slots: 2}\n")
+    config.write_text(
+        "providers: {p: {type: fake, model: m}}\nmodels: {chat: {providers: [p]}}\n"
+        "admission: {classes: [standard], slots: 2}\n"
+    )
     data = run_json("replay", "--log", str(log), "--config", str(config))
     assert isinstance(data, dict)
     assert data["replayed"] == {"ok": 20}
+    assert data["skipped"] == 2
+    printed = run("replay", "--log", str(log), "--config", str(config))
+    assert "2 lines skipped" in printed
+    config.write_text(config.read_text() + "colour: blue\n")
+    refused = runner.invoke(lab_app, ["replay", "--log", str(log), "--config", str(config)])
+    assert refused.exit_code == 2
+    assert "unknown key 'colour'" in refused.output
 
 
 @pytest.mark.parametrize(
@@ -331,7 +344,16 @@ def test_the_same_command_prints_the_same_output() -> None:
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "lab.md"
 DOCUMENTED = re.compile(r"```console\n\$ tidegate lab (.+?)\n```\n\n```text\n(.*?)\n```", re.DOTALL)
-CHEAP = ("capacity", "backpressure", "storm", "gameday", "plan", "replay", "recovery")
+CHEAP = (
+    "capacity",
+    "backpressure",
+    "storm",
+    "gameday",
+    "plan",
+    "replay",
+    "recovery",
+    "placement",
+)
 
 
 def documented_runs() -> list[Any]:
@@ -371,6 +393,7 @@ def test_every_scenario_is_documented_with_a_plot() -> None:
         "plan",
         "replay",
         "recovery",
+        "placement",
     }
     images = re.findall(r"\]\((img/lab-[a-z]+\.png)\)", text)
     assert len(images) >= 7

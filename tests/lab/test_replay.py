@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 import tidegate.lab.replay as replay_module
+from tidegate.errors import ConfigError
+from tidegate.gateway.build import admission_options_from, breaker_options_from, retry_policy_from
+from tidegate.gateway.config import AdmissionConfig, RouteConfig, ServerConfig, load_config
 from tidegate.lab.replay import ReplayConfig, load_replay_config, replay_log, sample_log
 from tidegate.lab.workload import Trace, TraceRecord, load_trace
 from tidegate.policy.admission import AdmissionController, AdmissionOptions
@@ -128,23 +132,35 @@ def test_the_replay_uses_the_policy_objects(monkeypatch: pytest.MonkeyPatch) -> 
     assert seen.count("acquire") == 3
 
 
-def test_the_candidate_config_reads_the_gateway_keys(tmp_path: Path) -> None:
-    """admission, retry, breaker and the timeouts come from a tidegate YAML; the rest is ignored."""
-    path = tmp_path / "tidegate.yaml"
-    path.write_text(
-        """
-profile: production
-auth: {keys_file: /nowhere/keys}
-server: {request_timeout_s: 12}
+#: What every gateway config needs (a provider and a route naming it).
+ROUTED = """
+providers: {a: {type: fake, model: m-1}}
 models:
   chat: {providers: [a], per_try_timeout_s: 4}
   fast: {providers: [a], per_try_timeout_s: 2}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "tidegate.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_candidate_config_reads_the_gateway_keys(tmp_path: Path) -> None:
+    """admission, retry, breaker and the timeouts come from a tidegate YAML read by the gateway's
+    loader; a secret file it names need not exist on the machine running the lab."""
+    path = write(
+        tmp_path,
+        ROUTED
+        + """
+auth: {keys_file: /nowhere/keys}
+server: {request_timeout_s: 12}
 admission: {classes: [critical, standard], slots: 3, queue_cap: 5, dequeue: fifo}
 retry: {attempts: 2, base_s: 0.25, cap_s: 1, jitter: equal, budget_ratio: 0.2,
         retry_timeouts_on_same_provider: true}
 breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
 """,
-        encoding="utf-8",
     )
     loaded = load_replay_config(path)
     assert loaded.admission.classes == ("critical", "standard")
@@ -155,31 +171,99 @@ breaker: {consecutive_failures: 2, recovery_s: 9, window_s: 20}
     assert loaded.breaker.consecutive_failures == 2
     assert loaded.breaker.recovery == 9.0
     assert (loaded.deadline, loaded.per_try) == (12.0, 2.0)
-    empty = tmp_path / "empty.yaml"
-    empty.write_text("")
-    defaults = load_replay_config(empty)
-    assert defaults.admission.queue_cap == 256
-    assert defaults.deadline == 60.0
-    assert defaults.failover.retry_timeouts is False
+
+
+def test_the_three_admission_keys_the_old_reader_refused_are_read(tmp_path: Path) -> None:
+    """conditional_priority, drop_expired_at_dequeue and initial_service_time_s are gateway keys:
+    they reach the replay's admission options."""
+    path = write(
+        tmp_path,
+        ROUTED
+        + """
+admission: {dequeue: strict, conditional_priority: 0.5, drop_expired_at_dequeue: false,
+            initial_service_time_s: 2.5}
+""",
+    )
+    admission = load_replay_config(path).admission
+    assert admission.conditional_priority == 0.5
+    assert admission.drop_expired_at_dequeue is False
+    assert admission.initial_service_time == 2.5
+
+
+def test_the_defaults_are_the_gateways(tmp_path: Path) -> None:
+    """A config that sets none of the policies replays with the gateway's own defaults: the
+    per-try timeout is the gateway's (15 s), the request timeout, the queue cap."""
+    path = write(
+        tmp_path, "providers: {a: {type: fake, model: m-1}}\nmodels: {chat: {providers: [a]}}\n"
+    )
+    loaded = load_replay_config(path)
+    assert loaded.per_try == RouteConfig.model_fields["per_try_timeout_s"].default == 15.0
+    assert loaded.deadline == ServerConfig.model_fields["request_timeout_s"].default
+    assert loaded.admission.queue_cap == AdmissionConfig.model_fields["queue_cap"].default
+    assert loaded.failover.retry_timeouts is False
+
+
+def test_the_options_are_the_ones_the_gateway_builds(tmp_path: Path) -> None:
+    """The replay's options are what gateway/build.py makes of the same file."""
+    path = write(
+        tmp_path,
+        ROUTED + "admission: {slots: 7, mode: queue_cap}\nbreaker: {failure_rate: 0.3}\n",
+    )
+    gateway = load_config(path, env={})
+    loaded = load_replay_config(path)
+    assert loaded.admission == admission_options_from(gateway)
+    assert loaded.retry == retry_policy_from(gateway)
+    assert loaded.breaker == breaker_options_from(gateway)
+    assert (loaded.budget_ratio, loaded.budget_floor_per_s) == (
+        gateway.retry.budget_ratio,
+        gateway.retry.budget_floor_per_s,
+    )
+
+
+def test_queue_cap_zero_is_refused_with_the_gateways_message(tmp_path: Path) -> None:
+    """The gateway refuses ``queue_cap: 0``: so does the replay, in the same words."""
+    path = write(tmp_path, ROUTED + "admission: {queue_cap: 0}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, env={})
+    with pytest.raises(ValueError) as replayed:
+        load_replay_config(path)
+    assert "admission.queue_cap" in str(replayed.value)
+    assert str(replayed.value) == refused.value.message
+
+
+def test_the_environment_does_not_override_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TIDEGATE_* variables of the machine running the lab change nothing: the file is read."""
+    monkeypatch.setenv("TIDEGATE_ADMISSION__SLOTS", "99")
+    path = write(tmp_path, ROUTED + "admission: {slots: 3}\n")
+    assert load_replay_config(path).admission.slots == 3
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("admission: {slotz: 3}", "admission.slotz"),
-        ("retry: {tries: 3}", "retry.tries"),
-        ("breaker: [1]", "breaker must be a mapping"),
-        ("admission: {slots: 0}", "slots"),
+        (ROUTED + "admission: {slotz: 3}", "unknown key 'admission.slotz'"),
+        (ROUTED + "retry: {tries: 3}", "unknown key 'retry.tries'"),
+        (ROUTED + "colour: blue", "unknown key 'colour'"),
+        (ROUTED + "breaker: [1]", "breaker"),
+        (ROUTED + "admission: {slots: 0}", "admission.slots"),
+        (
+            ROUTED + "admission: {dequeue: fifo, conditional_priority: 0.5}",
+            "admission: conditional_priority needs dequeue",
+        ),
+        (ROUTED + "profile: production", "profile production refuses to start"),
+        (ROUTED + "profile: production\nauth: {keys_file: /nowhere/keys}", "rate limits"),
+        ("admission: {slots: 3}", "providers: Field required"),
         ("[1, 2]", "top level"),
         ("a: [", "not valid YAML"),
     ],
 )
 def test_bad_candidate_configs_name_the_key(tmp_path: Path, text: str, message: str) -> None:
-    """Unknown keys, bad values and broken YAML are refused with the key in the message."""
-    path = tmp_path / "bad.yaml"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ValueError, match=message):
-        load_replay_config(path)
+    """Unknown keys, bad values, the profile's rules and broken YAML are refused as the gateway
+    refuses them, with the key in the message."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_replay_config(write(tmp_path, text, "bad.yaml"))
 
 
 def test_the_sample_log_has_a_burst_and_an_outage(tmp_path: Path) -> None:
@@ -246,3 +330,18 @@ def test_a_timeout_is_retried_on_the_same_provider_only_as_the_gateway_would(
     result = replay_log(Trace(records=tuple(records)), candidate)
     assert result.changed == changed
     assert (result.retries > 0) is retry_timeouts
+
+
+def test_a_logged_deadline_shortens_the_candidates_never_lengthens_it() -> None:
+    """A request whose log line gave a 1 s deadline is cut short on a 2 s call (the attempt's
+    timeout, as in the gateway); one whose logged deadline is longer than the candidate's
+    request timeout gets the candidate's."""
+    records = (
+        TraceRecord(at=0.0, latency=2.0, deadline=1.0),
+        TraceRecord(at=0.0, latency=2.0),
+        TraceRecord(at=0.0, latency=12.0, deadline=60.0),
+    )
+    result = replay_log(Trace(records=records, skipped=4), config(per_try=30.0))
+    assert result.by_class == {"standard": {"ok": 1, "provider_error": 2}}
+    assert result.changed == {("ok", "provider_error"): 2}
+    assert result.skipped == result.as_dict()["skipped"] == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -244,12 +245,12 @@ def test_load_trace_reads_csv(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("not json\n", "not JSON"),
-        ("[1, 2]\n", "JSON object"),
-        ('{"class": "standard"}\n', "arrival time"),
+        ("not json\n", r"no requests \(1 lines skipped"),
+        ("[1, 2]\n", r"no requests \(1 lines skipped"),
+        ('{"class": "standard"}\n', "trace.jsonl:1: no arrival time"),
         ('{"timestamp": "yesterday"}\n', "ISO 8601"),
-        ('{"at": "soon"}\n', "trace.jsonl:1"),
-        ("\n", "no requests"),
+        ('{"at": "soon"}\n', "trace.jsonl:1: at must be a number, got 'soon'"),
+        ("\n", "no requests$"),
     ],
 )
 def test_bad_trace_files_name_the_line(tmp_path: Path, content: str, message: str) -> None:
@@ -257,4 +258,85 @@ def test_bad_trace_files_name_the_line(tmp_path: Path, content: str, message: st
     path = tmp_path / "trace.jsonl"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
+        load_trace(path)
+
+
+def _request_line(**fields: object) -> dict[str, object]:
+    line: dict[str, object] = {
+        "event": "request",
+        "timestamp": "2026-01-01T00:00:10Z",
+        "duration_s": 1.0,
+        "outcome": "ok",
+    }
+    line.update(fields)
+    return line
+
+
+def test_a_raw_gateway_log_skips_and_counts_what_is_not_a_request(tmp_path: Path) -> None:
+    """The start-up banner, uvicorn's text lines and JSON lines of other events are skipped and
+    counted; the request lines give their class (priority) and deadline (deadline_ms)."""
+    path = tmp_path / "gateway.log"
+    lines = [
+        "tidegate listening on http://0.0.0.0:8080 (profile production, state sqlite:///x.db)",
+        "INFO:     Started server process [7]",
+        json.dumps({"event": "startup", "timestamp": "2026-01-01T00:00:00Z"}),
+        json.dumps(_request_line(priority="critical", deadline_ms=2500, tenant="acme")),
+        "",
+        json.dumps(["not", "an", "object"]),
+        json.dumps({"event": "internal_error", "request_id": "r9"}),
+        json.dumps(_request_line(timestamp="2026-01-01T00:00:12Z", priority=None)),
+        "INFO:     Shutting down",
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    trace = load_trace(path)
+    assert trace.skipped == 6
+    first, second = trace.records
+    assert (first.at, first.klass, first.deadline, first.tenant) == (0.0, "critical", 2.5, "acme")
+    assert (second.at, second.klass, second.deadline) == (2.0, "standard", None)
+
+
+def test_an_older_log_without_priority_or_deadline_reads_as_standard(tmp_path: Path) -> None:
+    """A line written before the log had priority and deadline_ms: standard, no deadline."""
+    path = tmp_path / "old.log"
+    path.write_text(json.dumps(_request_line()) + "\n", encoding="utf-8")
+    (record,) = load_trace(path).records
+    assert (record.klass, record.deadline, record.latency) == ("standard", None, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"duration_s": -0.5}, "duration_s must be >= 0, got -0.5"),
+        ({"duration_s": float("nan")}, "duration_s must be a finite number, got nan"),
+        ({"duration_s": float("inf")}, "duration_s must be a finite number, got inf"),
+        ({"duration_s": "1e999"}, "duration_s must be a finite number, got '1e999'"),
+        ({"duration_s": True}, "duration_s must be a number, got True"),
+        ({"duration_s": [1]}, "duration_s must be a number, got [1]"),
+        ({"deadline_ms": -1}, "deadline_ms must be >= 0, got -1"),
+        ({"deadline_ms": "soon"}, "deadline_ms must be a number, got 'soon'"),
+        ({"priority": 3}, "priority must be a string, got 3"),
+        ({"tenant": {"id": 1}}, "tenant must be a string"),
+        ({"prompt_tokens": -3}, "prompt_tokens must be a whole number >= 0, got -3"),
+        ({"tokens": "many"}, "tokens must be a whole number >= 0, got 'many'"),
+        ({"timestamp": None}, "no arrival time"),
+    ],
+)
+def test_a_bad_request_line_names_the_file_the_line_and_the_field(
+    tmp_path: Path, fields: dict[str, object], message: str
+) -> None:
+    """A negative, nan or infinite latency, a wrong type or a missing arrival is a ValueError
+    naming ``file:line`` and the field, not a traceback from inside the replay."""
+    path = tmp_path / "gateway.log"
+    lines = ["tidegate listening on http://0.0.0.0:8080", json.dumps(_request_line())]
+    lines.append(json.dumps(_request_line(**fields)))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:3: {message}")):
+        load_trace(path)
+
+
+def test_a_bad_csv_cell_names_the_row(tmp_path: Path) -> None:
+    """A CSV trace's rows are checked the same way, named by their line in the file."""
+    path = tmp_path / "trace.csv"
+    path.write_text("at,latency\n0,0.5\n1,-2\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:3: latency must be >= 0")):
         load_trace(path)

@@ -432,6 +432,7 @@ class Gateway:
                     "route": ex.route,
                     "tenant": identity.tenant if identity else None,
                     "user": identity.user if identity else None,
+                    "priority": identity.priority if identity else None,
                     "status": ex.status,
                     "outcome": ex.outcome,
                     "served_by": ex.served_by,
@@ -443,6 +444,7 @@ class Gateway:
                     "cost_usd": round(ex.cost, 8),
                     "ttft_s": None if ex.first_token_s is None else round(ex.first_token_s, 4),
                     "duration_s": round(elapsed, 4),
+                    "deadline_ms": ex.deadline_ms,
                 }
             )
             rt.ledger.record(fields, ex)  # the spend ledger's row, from the line's fields

@@ -1142,12 +1142,18 @@ def replay_command(
     log: Annotated[
         Path | None,
         typer.Option(
-            help="Request log (JSONL or CSV); default: a generated sample.", dir_okay=False
+            help="Request log: the gateway's raw log (lines that are not requests are skipped "
+            "and counted), JSONL or CSV; default: a generated sample.",
+            dir_okay=False,
         ),
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option(help="Candidate tidegate.yaml; default: a built-in sample.", dir_okay=False),
+        typer.Option(
+            help="Candidate tidegate.yaml, read as the gateway reads it; default: a built-in "
+            "sample.",
+            dir_okay=False,
+        ),
     ] = None,
     seed: SeedOption = 0,
     json_output: JsonOption = False,
@@ -1179,7 +1185,8 @@ def replay_command(
     console.print(
         _table(
             f"{result.requests} requests from {log_name} through {config_path.name} "
-            f"({result.calls} provider calls, {result.retries} retries)",
+            f"({result.calls} provider calls, {result.retries} retries, "
+            f"{result.skipped} lines skipped)",
             ["outcome", "recorded", "replayed", "change"],
             rows,
         )
@@ -1261,6 +1268,88 @@ def recovery(
             f"{options.recover_at + warmup_s:g} s; arrivals {options.recover_at:g}-"
             f"{options.window_end:g} s; {replications} replications, 95% CI",
             ["arm", "offered", "on primary %", "goodput", "timed out", "shed", "p99 s"],
+            rows,
+        )
+    )
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@lab_app.command()
+def placement(
+    workers: Annotated[
+        int, typer.Option(min=1, help="Gateway processes behind the round-robin dispatcher.")
+    ] = 4,
+    replications: ReplicationsOption = 10,
+    jobs: JobsOption = None,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Where state lives: one memory:// store per worker against one shared store, for a
+    per-user rate limit, idempotent follow-ups and a response cache; each figure a mean over
+    replications with its 95% interval, beside what uniform placement predicts."""
+    # Imported here so that this command stays one block at the end of the module.
+    from tidegate.lab import placement as placement_module
+
+    try:
+        options = placement_module.PlacementOptions(workers=workers)
+        summary = _replicated(
+            placement_module.placement_summary,
+            options,
+            seed=seed,
+            replications=replications,
+            jobs=jobs,
+            bar=not json_output,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    theory = placement_module.placement_theory(options)
+    if json_output:
+        _emit_json(
+            {
+                "replications": replications,
+                "seed": seed,
+                "workers": workers,
+                "limit_per_user": options.limit,
+                "placements": {name: plain(figures) for name, figures in summary.items()},
+                "theory": theory,
+            }
+        )
+        return
+    own, one = summary["per_process"], summary["shared"]
+    mine, ours = theory["per_process"], theory["shared"]
+    limit = options.limit
+    figures = [
+        ("per-user limit x", "limit_ratio", 2, 1.0),
+        (f"admitted per user (limit {limit:g})", "admitted_per_user", 1, 1.0),
+        ("follow-ups with history %", "history_share", 1, 100.0),
+        ("executions per idempotent key", "executions_per_key", 2, 1.0),
+    ]
+    rows = []
+    for label, name, digits, scale in figures:
+        key = "limit_ratio" if name == "admitted_per_user" else name
+        factor = scale * (limit if name == "admitted_per_user" else 1.0)
+        expected = [_fmt(mine[key] * factor, digits), _fmt(ours[key] * factor, digits)]
+        rows.append(
+            [label, _iv(own[name], digits, scale), _iv(one[name], digits, scale), *expected]
+        )
+    bound = f"{mine['model_calls']:.0f} (≤ {mine['model_calls_bound']:.0f})"
+    rows.append(
+        [
+            f"model calls ({options.prompts} prompts x {options.repeats})",
+            _iv(own["model_calls"], 1),
+            _iv(one["model_calls"], 1),
+            bound,
+            f"{ours['model_calls']:.0f}",
+        ]
+    )
+    _console().print(
+        _table(
+            f"{workers} worker{'s' if workers != 1 else ''} behind round-robin; {options.users} users x "
+            f"{options.requests_per_user} requests in {options.window_s:g} s, limit "
+            f"{options.rate:g}/s burst {options.burst:g}; {replications} replications, 95% CI",
+            ["figure", "per process", "shared", "theory, per process", "theory, shared"],
             rows,
         )
     )

@@ -1,10 +1,12 @@
 """Replay a recorded request log through a candidate config's admission, retry and breaker.
 
-The log is what the gateway wrote (one JSON ``request`` line per request) or any trace with an
-arrival time, class, tenant, tokens, latency and outcome per request (see
-:func:`~tidegate.lab.workload.load_trace`). The candidate config is a tidegate YAML file; only
+The log is what the gateway wrote, raw (one JSON ``request`` line per request, with its
+``priority`` class and ``deadline_ms``; the start-up banner, uvicorn's text lines and other
+events are skipped and counted), or any trace with an arrival time, class, tenant, tokens,
+latency and outcome per request (see :func:`~tidegate.lab.workload.load_trace`). The candidate
+config is a tidegate YAML file read by the gateway's own loader (:func:`load_replay_config`):
 its ``admission``, ``retry``, ``breaker``, ``server.request_timeout_s`` and the routes'
-``per_try_timeout_s`` are read, with the same keys and defaults as the gateway's config.
+``per_try_timeout_s`` make the replay's policies, built by the gateway's own builders.
 
 How the provider behaves is read from the log itself: a request that was answered (``ok``) says
 the provider was healthy at that moment, one that failed with ``provider_<kind>`` says it was
@@ -28,8 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
-
-import yaml
 
 from tidegate.clock import Clock
 from tidegate.errors import DeadlineExceeded, ProviderError, ProviderErrorKind, Rejected
@@ -58,42 +58,6 @@ _PLAN: Final = RoutePlan((_PROVIDER,), ())
 #: Outcome groups a replayed request can end in.
 OUTCOMES: Final = ("ok", "provider_error", "shed", "expired", "circuit_open", "other")
 
-_ADMISSION_KEYS: Final = frozenset(
-    {
-        "classes",
-        "slots",
-        "queue_cap",
-        "tenant_max_in_flight",
-        "tenant_max_waiting",
-        "mode",
-        "service_rate",
-        "dequeue",
-        "weights",
-        "priority_at_admission",
-    }
-)
-_RETRY_KEYS: Final = frozenset(
-    {
-        "attempts",
-        "base_s",
-        "factor",
-        "cap_s",
-        "jitter",
-        "budget_ratio",
-        "budget_floor_per_s",
-        "retry_timeouts_on_same_provider",
-    }
-)
-_BREAKER_KEYS: Final = frozenset(
-    {
-        "consecutive_failures",
-        "failure_rate",
-        "window_s",
-        "minimum_calls",
-        "recovery_s",
-        "recovery_jitter",
-    }
-)
 _REFUSALS: Final = frozenset(
     {
         "queue_full",
@@ -119,10 +83,11 @@ class ReplayConfig:
     breaker: BreakerOptions = field(default_factory=BreakerOptions)
     #: The failover table's options (``retry.retry_timeouts_on_same_provider``).
     failover: FailoverOptions = field(default_factory=FailoverOptions)
-    #: Seconds a request may take in all (the gateway's request timeout).
+    #: Seconds a request may take in all (the gateway's ``server.request_timeout_s``); a
+    #: logged request's own deadline (``deadline_ms``) shortens it, never lengthens it.
     deadline: float = 60.0
-    #: Seconds one provider attempt may take.
-    per_try: float = 30.0
+    #: Seconds one provider attempt may take (the gateway's route ``per_try_timeout_s``).
+    per_try: float = 15.0
 
     def attempt_policy(
         self,
@@ -152,74 +117,31 @@ class ReplayConfig:
         )
 
 
-def _section(
-    data: Mapping[str, Any], name: str, keys: frozenset[str], where: str
-) -> dict[str, Any]:
-    section = data.get(name) or {}
-    if not isinstance(section, dict):
-        raise ValueError(f"{where}: {name} must be a mapping")
-    unknown = sorted(set(section) - keys)
-    if unknown:
-        raise ValueError(f"{where}: unknown key '{name}.{unknown[0]}'")
-    return dict(section)
-
-
 def load_replay_config(path: str | Path) -> ReplayConfig:
-    """Read the admission, retry, breaker and timeout settings of a tidegate YAML config.
+    """Read a tidegate YAML config as the gateway reads it, for a replay.
 
-    Other sections are ignored, so a full gateway config (secret files and all) can be read
-    without the secrets being present. Unknown keys inside the three sections are refused.
+    The file goes through the gateway's own loader and the gateway's own builders of the
+    policies' options (:mod:`tidegate.ops.replay_config`, the one place the lab reaches the
+    gateway: its engine and scenarios never do): every key, default and refusal is the
+    gateway's, so the per-try timeout defaults to the gateway's 15 s and ``queue_cap: 0`` is
+    refused with the gateway's message. The environment's ``TIDEGATE_*`` overrides are not
+    applied, and the secret files the config names need not exist on the machine running the
+    lab (a replay reads no secret; the live config's files are usually only on its pods): every
+    other refusal holds, the profile's rules included. Raises ``ValueError`` naming the file
+    and the key.
     """
-    where = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{where}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: the top level must be a mapping")
-    admission = _section(data, "admission", _ADMISSION_KEYS, where)
-    retry = _section(data, "retry", _RETRY_KEYS, where)
-    breaker = _section(data, "breaker", _BREAKER_KEYS, where)
-    if "classes" in admission:
-        admission["classes"] = tuple(admission["classes"])
-    admission.setdefault("queue_cap", 256)  # the gateway's default
-    try:
-        options = AdmissionOptions(**admission)
-        policy = RetryOptions(
-            attempts=int(retry.get("attempts", 3)),
-            base=float(retry.get("base_s", 0.5)),
-            factor=float(retry.get("factor", 2.0)),
-            cap=float(retry.get("cap_s", 8.0)),
-            jitter=retry.get("jitter", "full"),
-        )
-        breaker_options = BreakerOptions(
-            consecutive_failures=int(breaker.get("consecutive_failures", 5)),
-            failure_rate=float(breaker.get("failure_rate", 0.5)),
-            window=float(breaker.get("window_s", 30.0)),
-            minimum_calls=int(breaker.get("minimum_calls", 10)),
-            recovery=float(breaker.get("recovery_s", 30.0)),
-            recovery_jitter=float(breaker.get("recovery_jitter", 0.2)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    server = data.get("server") or {}
-    models = data.get("models") or {}
-    per_try = [
-        float(route.get("per_try_timeout_s", 30.0))
-        for route in models.values()
-        if isinstance(route, dict)
-    ]
+    from tidegate.ops.replay_config import replay_settings  # the gateway's reading
+
+    settings = replay_settings(path)
     return ReplayConfig(
-        admission=options,
-        retry=policy,
-        budget_ratio=float(retry.get("budget_ratio", 0.1)),
-        budget_floor_per_s=float(retry.get("budget_floor_per_s", 1.0)),
-        breaker=breaker_options,
-        failover=FailoverOptions(
-            retry_timeouts=bool(retry.get("retry_timeouts_on_same_provider", False))
-        ),
-        deadline=float(server.get("request_timeout_s", 60.0)) if isinstance(server, dict) else 60.0,
-        per_try=min(per_try) if per_try else 30.0,
+        admission=settings.admission,
+        retry=settings.retry,
+        budget_ratio=settings.budget_ratio,
+        budget_floor_per_s=settings.budget_floor_per_s,
+        breaker=settings.breaker,
+        failover=settings.failover,
+        deadline=settings.deadline,
+        per_try=settings.per_try,
     )
 
 
@@ -261,6 +183,9 @@ class ReplayResult:
     calls: int
     retries: int
     by_class: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: Lines of the log that were not requests (a start-up banner, uvicorn's text lines, other
+    #: events), skipped.
+    skipped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -275,6 +200,7 @@ class ReplayResult:
             "calls": self.calls,
             "retries": self.retries,
             "by_class": {k: dict(v) for k, v in self.by_class.items()},
+            "skipped": self.skipped,
         }
 
 
@@ -316,6 +242,13 @@ class _Replay:
             breaker_rng=random.Random(f"tidegate-lab/replay/{seed}/breaker"),
         )
         self.records = trace.records
+        self.skipped = trace.skipped
+        # Each request's own deadline as logged (the caller's, or the live default), never
+        # longer than the candidate's request timeout: a header shortens it, as in the gateway.
+        self.budget = [
+            config.deadline if r.deadline is None else min(r.deadline, config.deadline)
+            for r in trace.records
+        ]
         self.outcome: list[str] = ["other"] * len(trace.records)
         self.latency: list[float | None] = [None] * len(trace.records)
         self.tickets: dict[Ticket, int] = {}
@@ -332,7 +265,7 @@ class _Replay:
                 request_id=record.request_id or str(index),
                 klass=self.klass[index],
                 tenant=record.tenant,
-                deadline_at=now + self.config.deadline,
+                deadline_at=now + self.budget[index],
             )
         except Rejected:
             self.outcome[index] = "shed"
@@ -341,7 +274,7 @@ class _Replay:
         if ticket.state is TicketState.STARTED:
             self.call(ticket, index)
         else:
-            self.queue.at(now + self.config.deadline, self.give_up_waiting, ticket)
+            self.queue.at(now + self.budget[index], self.give_up_waiting, ticket)
 
     def give_up_waiting(self, ticket: Ticket) -> None:
         # The caller's deadline passed while it waited: it goes away. The controller may have
@@ -353,7 +286,7 @@ class _Replay:
         self.outcome[self.tickets.pop(ticket)] = "expired"
 
     def call(self, ticket: Ticket, index: int) -> None:
-        deadline = Deadline.at_time(self.clock, self.records[index].at + self.config.deadline)
+        deadline = Deadline.at_time(self.clock, self.records[index].at + self.budget[index])
         attempts = self.policy.start(_PLAN, deadline, self._per_try, [])
 
         def provider(call: Call) -> tuple[float, ProviderError | None]:
@@ -428,6 +361,7 @@ class _Replay:
             calls=self.calls,
             retries=self.retries,
             by_class={k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
+            skipped=self.skipped,
         )
 
 

@@ -415,6 +415,9 @@ class TraceRecord:
     latency: float | None = None
     outcome: str = "ok"
     request_id: str = ""
+    #: Seconds the request could take in all, as its gateway log line recorded it
+    #: (``deadline_ms``: the caller's deadline or the configured one); None when not recorded.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -422,6 +425,9 @@ class Trace:
     """Arrivals replayed from records, in time order."""
 
     records: tuple[TraceRecord, ...]
+    #: Lines of the file read that were not requests (a gateway log's start-up banner,
+    #: uvicorn's text lines, other events), skipped.
+    skipped: int = 0
 
     def __post_init__(self) -> None:
         records = tuple(sorted(self.records, key=lambda r: r.at))
@@ -461,18 +467,54 @@ _TIME_KEYS = ("at", "t", "ts", "arrival", "arrival_s", "time")
 _LATENCY_KEYS = ("latency", "latency_s", "duration_s", "service_s")
 
 
-def _first(row: Mapping[str, Any], keys: Iterable[str]) -> Any:
+def _pick(row: Mapping[str, Any], keys: Iterable[str]) -> tuple[str, Any]:
+    """The first of ``keys`` the row gives a value for, and that value (``("", None)``: none)."""
     for key in keys:
         value = row.get(key)
         if value not in (None, ""):
-            return value
-    return None
+            return key, value
+    return "", None
 
 
-def _arrival(row: Mapping[str, Any], latency: Any, where: str) -> float:
-    at = _first(row, _TIME_KEYS)
+def _number(value: Any, name: str, where: str, *, minimum: float | None = None) -> float:
+    """A finite number (JSON's, or a CSV cell's text), at least ``minimum`` when one is given."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{where}: {name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{where}: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{where}: {name} must be a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{where}: {name} must be >= {minimum:g}, got {value!r}")
+    return number
+
+
+def _count(value: Any, name: str, where: str) -> int:
+    """A whole number >= 0 (JSON's, or a CSV cell's text)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}: {name} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _text(row: Mapping[str, Any], keys: Iterable[str], default: str, where: str) -> str:
+    name, value = _pick(row, keys)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {name} must be a string, got {value!r}")
+    return value
+
+
+def _arrival(row: Mapping[str, Any], latency: float | None, where: str) -> float:
+    name, at = _pick(row, _TIME_KEYS)
     if at is not None:
-        return float(at)
+        return _number(at, name, where)
     stamp = row.get("timestamp")
     if isinstance(stamp, str) and stamp:
         # A gateway log line is written when the request ends: it arrived duration_s earlier.
@@ -480,66 +522,93 @@ def _arrival(row: Mapping[str, Any], latency: Any, where: str) -> float:
             ended = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
         except ValueError:
             raise ValueError(f"{where}: timestamp {stamp!r} is not ISO 8601") from None
-        return ended - (float(latency) if latency is not None else 0.0)
+        return ended - (latency or 0.0)
     raise ValueError(f"{where}: no arrival time (one of {', '.join(_TIME_KEYS)}, or timestamp)")
 
 
+def _tokens(row: Mapping[str, Any], where: str) -> int:
+    tokens = row.get("tokens")
+    if tokens not in (None, ""):
+        return _count(tokens, "tokens", where)
+    parts = ("prompt_tokens", "completion_tokens")
+    return sum(_count(row[p], p, where) for p in parts if row.get(p) not in (None, ""))
+
+
 def _record(row: Mapping[str, Any], where: str) -> TraceRecord:
-    latency = _first(row, _LATENCY_KEYS)
-    tokens = _first(row, ("tokens",))
-    if tokens is None:
-        parts = [row.get("prompt_tokens"), row.get("completion_tokens")]
-        tokens = sum(int(p) for p in parts if p not in (None, ""))
-    try:
-        return TraceRecord(
-            at=_arrival(row, latency, where),
-            klass=str(_first(row, ("class", "klass", "priority")) or "standard"),
-            tenant=str(row.get("tenant") or "default"),
-            user=str(row.get("user") or ""),
-            tokens=int(tokens),
-            latency=None if latency is None else float(latency),
-            outcome=str(row.get("outcome") or "ok"),
-            request_id=str(row.get("request_id") or ""),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    """One request of a trace, every field checked: a bad one raises ``ValueError`` naming
+    ``where`` (the file and line) and the field."""
+    name, raw = _pick(row, _LATENCY_KEYS)
+    latency = None if raw is None else _number(raw, name, where, minimum=0.0)
+    deadline_ms = row.get("deadline_ms")
+    deadline = None
+    if deadline_ms not in (None, ""):
+        deadline = _number(deadline_ms, "deadline_ms", where, minimum=0.0) / 1000.0
+    return TraceRecord(
+        at=_arrival(row, latency, where),
+        klass=_text(row, ("class", "klass", "priority"), "standard", where),
+        tenant=_text(row, ("tenant",), "default", where),
+        user=_text(row, ("user",), "", where),
+        tokens=_tokens(row, where),
+        latency=latency,
+        outcome=_text(row, ("outcome",), "ok", where),
+        request_id=_text(row, ("request_id",), "", where),
+        deadline=deadline,
+    )
+
+
+def _log_rows(path: Path, lines: Iterable[str]) -> tuple[list[tuple[str, Mapping[str, Any]]], int]:
+    """The request rows of JSON lines, each with its ``file:line``, and how many lines were
+    skipped: those that are not a JSON object (a start-up banner, uvicorn's text lines) and the
+    objects whose ``event`` is not ``request``. Blank lines are neither."""
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    skipped = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            parsed: Any = json.loads(line)
+        except ValueError:  # not JSON (JSONDecodeError), or JSON too deep to read
+            parsed = None
+        if not isinstance(parsed, dict) or parsed.get("event", "request") != "request":
+            skipped += 1
+            continue
+        rows.append((f"{path}:{number}", parsed))
+    return rows, skipped
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read a trace from JSON lines (``.jsonl``) or CSV (``.csv``) with a header row.
+    """Read a trace from JSON lines (``.jsonl``, or a raw gateway log) or CSV (``.csv``) with a
+    header row.
 
     Each request needs an arrival time (``at``, ``t``, ``ts`` or ``arrival``, seconds; or the
     ISO ``timestamp`` of a gateway log line, which marks the end, less ``duration_s``) and may
-    give ``class`` (or ``priority``), ``tenant``, ``user``, ``tokens`` (or ``prompt_tokens`` and
-    ``completion_tokens``), ``latency`` (or ``duration_s``), ``outcome`` and ``request_id``.
-    Times are shifted so that the first request arrives at 0.
+    give ``class`` (or the gateway log's ``priority``; standard without one), ``tenant``,
+    ``user``, ``tokens`` (or ``prompt_tokens`` and ``completion_tokens``), ``latency`` (or
+    ``duration_s``), ``outcome``, ``request_id`` and ``deadline_ms`` (the gateway log's: the
+    request's deadline; without one a replay uses the config's). Of JSON lines, those that are
+    not a JSON object and those whose ``event`` is not ``request`` are skipped and counted
+    (:attr:`Trace.skipped`). A request with a bad field (a negative, nan or infinite latency, a
+    number that is not one, a missing arrival time) raises ``ValueError`` naming the file, the
+    line and the field. Times are shifted so that the first request arrives at 0.
     """
     path = Path(path)
-    rows: list[tuple[str, Mapping[str, Any]]] = []
+    skipped = 0
     with path.open(encoding="utf-8", newline="") as handle:
         if path.suffix.lower() == ".csv":
-            for number, row in enumerate(csv.DictReader(handle), start=2):
-                rows.append((f"{path}:{number}", row))
+            rows: list[tuple[str, Mapping[str, Any]]] = [
+                (f"{path}:{number}", row)
+                for number, row in enumerate(csv.DictReader(handle), start=2)
+            ]
         else:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    parsed: Any = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number}: not JSON: {exc.msg}") from None
-                if not isinstance(parsed, dict):
-                    raise ValueError(f"{path}:{number}: each line must be a JSON object")
-                if parsed.get("event", "request") != "request":
-                    continue  # a gateway log holds other lines too (start-up, warnings)
-                rows.append((f"{path}:{number}", parsed))
+            rows, skipped = _log_rows(path, handle)
     records = [_record(row, where) for where, row in rows]
     if not records:
-        raise ValueError(f"{path}: no requests")
-    return _shifted(records)
+        why = f" ({skipped} lines skipped: not JSON objects or not requests)" if skipped else ""
+        raise ValueError(f"{path}: no requests{why}")
+    return _shifted(records, skipped)
 
 
-def _shifted(records: Sequence[TraceRecord]) -> Trace:
+def _shifted(records: Sequence[TraceRecord], skipped: int = 0) -> Trace:
     start = min(r.at for r in records)
     return Trace(
         records=tuple(
@@ -552,7 +621,9 @@ def _shifted(records: Sequence[TraceRecord]) -> Trace:
                 latency=r.latency,
                 outcome=r.outcome,
                 request_id=r.request_id,
+                deadline=r.deadline,
             )
             for r in records
-        )
+        ),
+        skipped=skipped,
     )

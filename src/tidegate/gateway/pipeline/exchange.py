@@ -35,6 +35,9 @@ class Exchange:
     skipped: tuple[Skip, ...] = ()
     cost: float = 0.0
     first_token_s: float | None = None
+    #: Milliseconds the request could take in all (the caller's deadline, or the configured
+    #: one), once the identify step has worked it out.
+    deadline_ms: int | None = None
     #: Set once the request is settling: a disconnect from then on cancels nothing.
     settling: bool = False
     #: Set as it settles: its budget reservation is settled, not refunded (the spend ledger).
