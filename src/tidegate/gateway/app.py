@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import math
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -444,7 +445,7 @@ class Gateway:
                     "cost_usd": round(ex.cost, 8),
                     "ttft_s": None if ex.first_token_s is None else round(ex.first_token_s, 4),
                     "duration_s": round(elapsed, 4),
-                    "deadline_ms": ex.deadline_ms,
+                    "deadline_ms": None if (end := ex.deadline) is None else _ms(end.at - started),
                 }
             )
             rt.ledger.record(fields, ex)  # the spend ledger's row, from the line's fields
@@ -518,6 +519,11 @@ def _shed(dialect: Dialect, error: QueueFull) -> Shed:
     status, body, extra, _ = render_error(dialect, error)
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
     return Shed.of(status, orjson.dumps(body), headers)
+
+
+def _ms(seconds: float) -> int | None:
+    """Whole milliseconds, or None for a span without end (no deadline at all)."""
+    return round(seconds * 1000.0) if seconds < math.inf else None
 
 
 async def _refuse_path(method: str, path: str, send: Send) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from tidegate.gateway.auth import Identity
 from tidegate.ids import new_id
 from tidegate.policy.attempts import Tried
+from tidegate.policy.deadline import Deadline
 from tidegate.policy.routing import Skip, describe_attempts
 
 __all__ = ["Exchange", "new_request_id"]
@@ -35,9 +36,9 @@ class Exchange:
     skipped: tuple[Skip, ...] = ()
     cost: float = 0.0
     first_token_s: float | None = None
-    #: Milliseconds the request could take in all (the caller's deadline, or the configured
-    #: one), once the identify step has worked it out.
-    deadline_ms: int | None = None
+    #: The request's deadline (the caller's, or the configured one), once the identify step has
+    #: worked it out: the log line's ``deadline_ms`` counts from the request's start to it.
+    deadline: Deadline | None = None
     #: Set once the request is settling: a disconnect from then on cancels nothing.
     settling: bool = False
     #: Set as it settles: its budget reservation is settled, not refunded (the spend ledger).

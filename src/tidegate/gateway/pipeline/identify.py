@@ -7,7 +7,6 @@ key may use it, and works out the request's deadline.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from tidegate.errors import ModelNotFound
@@ -58,12 +57,9 @@ def _known(request: Request, alias: str) -> None:
     request.alias = ex.route = alias
     rt.keys.authorize(identity, alias)
     request.route = route
-    now = rt.clock.now()
-    request.deadline = deadline = deadline_for(rt, request.headers)
-    budget = deadline.at - now  # for the log line (a replay keeps it)
-    ex.deadline_ms = round(budget * 1000.0) if budget < math.inf else None
+    request.deadline = ex.deadline = deadline_for(rt, request.headers)
     if rt.canaries:  # a canary's latency counts from here
-        request.started = now
+        request.started = rt.clock.now()
 
 
 def identify_chat(request: Request) -> bool:
