@@ -3,7 +3,7 @@ against the Kubernetes API schemas and tidegate's own timeout and drain checks.
 
 helm is not installable on CI, so tests/deploy/helm_render (helm's engine: Go's text/template with
 the sprig functions, helm's own functions and its values schema check) is built here from Debian's
-Go packages. Without them the tests skip, except under CI (``TIDEGATE_REQUIRE_HELM_RENDER=1``, set
+Go packages. Without them the tests skip, except under CI (``TIDEGATE_TEST_REQUIRE_HELM_RENDER=1``, set
 by .ci/run, or ``CI=true``), where they fail.
 """
 
@@ -98,7 +98,7 @@ def _merged(*overrides: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def renderer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/deploy/helm_render, built once in GOPATH mode against Debian's sprig and yaml.v3."""
-    required = os.environ.get("TIDEGATE_REQUIRE_HELM_RENDER") == "1"
+    required = os.environ.get("TIDEGATE_TEST_REQUIRE_HELM_RENDER") == "1"
     required = required or os.environ.get("CI", "").lower() == "true"
     missing = []
     if shutil.which("go") is None:
@@ -110,7 +110,7 @@ def renderer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if missing:
         reason = f"the chart renderer needs apt-get install {' '.join(missing)}"
         if required:
-            pytest.fail(f"TIDEGATE_REQUIRE_HELM_RENDER=1 or CI=true, but {reason}")
+            pytest.fail(f"TIDEGATE_TEST_REQUIRE_HELM_RENDER=1 or CI=true, but {reason}")
         pytest.skip(reason)
     binary = tmp_path_factory.mktemp("helm-render") / "helm_render"
     env = {**os.environ, "GO111MODULE": "off", "GOPATH": str(DEBIAN_GOPATH), "GOFLAGS": ""}
