@@ -1,4 +1,5 @@
-"""The gateway's own request log line replays with its class and deadline.
+"""The gateway's own request log line replays with its class and deadline (a gateway test: the
+gateway does not run on the compiled lab build, which `make accel-test` runs tests/lab against).
 
 The gateway (in process, no sockets) answers three callers: one of the standard class with its
 own deadline header, one of the batch class with the configured deadline, one without a key.
