@@ -3,8 +3,8 @@ against the Kubernetes API schemas and tidegate's own timeout and drain checks.
 
 helm is not installable on CI, so tests/deploy/helm_render (helm's engine: Go's text/template with
 the sprig functions, helm's own functions and its values schema check) is built here from Debian's
-Go packages. Without them the tests skip, except under CI (``TIDEGATE_TEST_REQUIRE_HELM_RENDER=1``, set
-by .ci/run, or ``CI=true``), where they fail.
+Go packages. Without them the tests skip, except under CI
+(``TIDEGATE_TEST_REQUIRE_HELM_RENDER=1``, set by .ci/run, or ``CI=true``), where they fail.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ theory used to check it.
 controllers and returns a :class:`Report` (per-class fates, latency, Little's law). The scenario
 modules (:mod:`~tidegate.lab.capacity`, :mod:`~tidegate.lab.load`, :mod:`~tidegate.lab.storm`,
 :mod:`~tidegate.lab.surge`, :mod:`~tidegate.lab.gameday`, :mod:`~tidegate.lab.scaling`,
-:mod:`~tidegate.lab.replay`, :mod:`~tidegate.lab.recovery`, :mod:`~tidegate.lab.placement`) drive the
-other policies and the real stores; :mod:`~tidegate.lab.cli` puts them on the
-command line as ``tidegate lab``, and :mod:`~tidegate.lab.theory` holds the closed forms.
+:mod:`~tidegate.lab.replay`, :mod:`~tidegate.lab.recovery`, :mod:`~tidegate.lab.placement`)
+drive the other policies and the real stores; :mod:`~tidegate.lab.cli` puts them on the command
+line as ``tidegate lab``, and :mod:`~tidegate.lab.theory` holds the closed forms.
 """
 
 from tidegate.lab.capacity import monthly_cost, plan_workers

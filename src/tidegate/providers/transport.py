@@ -328,8 +328,9 @@ async def stream_events(
     ``timeout`` runs until the first event, ``chunk_timeout`` between two events (measured
     while this generator waits, not while the caller works) and ``total_timeout`` over the
     whole stream. An answer that is not a 2xx event stream is read whole and handed to
-    ``error_for``, whose error is raised. ``observe`` sees the answer's headers. Close the generator (``contextlib.aclosing``) when
-    leaving early: that releases the connection at once.
+    ``error_for``, whose error is raised. ``observe`` sees the answer's headers. Close the
+    generator (``contextlib.aclosing``) when leaving early: that releases the connection at
+    once.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()

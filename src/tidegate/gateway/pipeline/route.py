@@ -6,7 +6,8 @@ known, the providers whose window the prompt plus ``max_tokens`` would overflow
 whose provider reported low headroom go last (:mod:`tidegate.policy.headroom`), and so does a
 recovered provider its slow start holds back (:mod:`tidegate.policy.slowstart`). With none left
 the request is refused: 503 ``circuit_open`` when breakers are the reason, 400
-``context_length_exceeded`` when windows are, else 403. Nothing has been sent by then, and the settle step refunds the budget."""
+``context_length_exceeded`` when windows are, else 403. Nothing has been sent by then, and the
+settle step refunds the budget."""
 
 from __future__ import annotations
 
