@@ -62,8 +62,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TIDEGATE_"
-#: TIDEGATE_* variables that are not config overrides: the workers' config path and metrics
-#: folder (``tidegate serve --workers N``), the image's git sha (/version), the admin client's.
+#: TIDEGATE_* variables that are not overrides: the workers', the image's sha, the admin client's.
 NOT_OVERRIDES = frozenset(
     {
         "TIDEGATE_CONFIG",
@@ -561,11 +560,11 @@ def resolve(config_path: Path, path: Path) -> Path:
     return path if path.is_absolute() else config_path.parent / path
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read, override from the environment, validate, and apply the profile's rules.
-
-    Raises :class:`ConfigError` whose message names the file and the exact key at fault.
-    """
+def load_config(
+    path: str | Path, env: Mapping[str, str] | None = None, *, secret_files: bool = True
+) -> Config:
+    """Read, override from the environment, validate, apply the profile's rules and (unless not
+    ``secret_files``) check the files named exist; a :class:`ConfigError` names file and key."""
     path = Path(path)
     env = os.environ if env is None else env
     try:
@@ -591,7 +590,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
                 lines.append(f"{where}: {error['msg']}")
         origin = f" (with overrides {', '.join(overridden)})" if overridden else ""
         raise ConfigError(f"{path}{origin}: " + "; ".join(lines)) from None
-    _check_secret_files(config, path.parent)
+    if secret_files:
+        _check_secret_files(config, path.parent)
     problems = profile_problems(config)
     if problems:
         raise ConfigError(

@@ -26,9 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
-
-import yaml
 
 from tidegate.errors import ConfigError
 from tidegate.gateway.build import (
@@ -37,16 +34,13 @@ from tidegate.gateway.build import (
     check_config_against_policies,
     retry_policy_from,
 )
-from tidegate.gateway.config import Config, load_config, profile_problems
+from tidegate.gateway.config import Config, load_config
 from tidegate.policy.admission import AdmissionOptions
 from tidegate.policy.breaker import BreakerOptions
 from tidegate.policy.retry import RetryOptions
 from tidegate.policy.routing import FailoverOptions
 
 __all__ = ["ReplaySettings", "gateway_config", "replay_settings"]
-
-#: How the gateway's loader words a secret file that is not on this machine.
-_MISSING_SECRET: Final = "does not exist or is not a file"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,18 +67,9 @@ def gateway_config(path: str | Path) -> Config:
     message, which names the file and the key at fault."""
     path = Path(path)
     try:
-        config = load_config(path, env={})
+        config = load_config(path, env={}, secret_files=False)
     except ConfigError as exc:
-        if _MISSING_SECRET not in exc.message:
-            raise ValueError(exc.message) from None
-        # The loader validated the whole file and stopped only at a secret file this machine
-        # does not hold: the same file, validated the same way, then the profile's rules.
-        config = Config.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-        problems = profile_problems(config)
-        if problems:
-            raise ValueError(
-                f"{path}: profile {config.profile.value} refuses to start: " + "; ".join(problems)
-            ) from None
+        raise ValueError(exc.message) from None
     try:
         check_config_against_policies(config)
     except ConfigError as exc:
