@@ -65,6 +65,9 @@ __all__ = [
 ]
 
 #: The lifespan-state key under which the app leaves its :class:`ConnectionLimits`.
+#: How long a connection between requests stays open once the server shuts down, for a request
+#: already on its way (uvicorn's shutdown then waits 0.1 s before it waits for connections).
+SHUTDOWN_GRACE_S = 0.05
 STATE_KEY = "tidegate.connection_limits"
 #: The lifespan-state key under which the app leaves ``(port, app)`` of the admin listener: a
 #: connection accepted on that local port is served by that app (``gateway.admin_server``).
@@ -204,6 +207,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         #: The body outlived the read that ended the head: the timer follows its deadline.
         self._body_timed = False
         self._refusal: TidegateError | None = None
+        #: The server is shutting down: the request that arrives is the connection's last.
+        self._draining = False
+        self._grace: asyncio.TimerHandle | None = None
         #: One per connection: re-armed when it fires early, not moved on every request (a
         #: request only notes the time its head and its body began).
         self._timer: asyncio.TimerHandle | None = None
@@ -268,7 +274,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         on_drain = self.limits.on_drain
         if on_drain is not None:
             on_drain()
-        super().shutdown()
+        cycle: RequestResponseCycle | None = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            super().shutdown()  # an answer being written: its connection closes after it
+            return
+        # Between requests (just accepted, or kept alive): uvicorn closes at once, and a request
+        # already on its way is reset unread. Its head has begun, or it may arrive within
+        # SHUTDOWN_GRACE_S: it is answered, with Connection: close; else the connection closes.
+        self._draining = True
+        if self._head_read == 0:
+            self._grace = self.loop.call_later(SHUTDOWN_GRACE_S, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        if self._head_read == 0 and (self.cycle is None or self.cycle.response_complete):
+            self.transport.close()
 
     # ------------------------------------------------------------------ parser callbacks
 
@@ -286,6 +305,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if door is not None and len(self.tasks) >= door.limit and self._shed(door):
             return
         super().on_headers_complete()
+        if self._draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # the last request of a connection being drained
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
