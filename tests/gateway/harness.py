@@ -3,6 +3,7 @@ or ``tidegate serve`` in a process of its own (for signals, and for its memory).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -252,3 +253,30 @@ async def in_process_gateway(
             yield client, rt
     finally:
         await close_runtime(rt)
+
+
+class RecordingTransport(asyncio.Transport):
+    """Collects what a protocol writes and whether it closed; nothing goes on a wire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 8080) if name in ("sockname", "peername") else default
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None

@@ -12,6 +12,7 @@ import pytest
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import ServerState
 
+from tests.gateway.harness import RecordingTransport
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import Config
 from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits, GuardedHttpToolsProtocol
@@ -21,33 +22,6 @@ MINIMAL: dict[str, Any] = {
     "models": {"chat": {"providers": ["main"]}},
 }
 BODY = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
-
-
-class _Transport(asyncio.Transport):
-    """Collects what the protocol writes; nothing goes on a wire."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.closed = False
-
-    def write(self, data: Any) -> None:
-        self.written += bytes(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 8080) if name in ("sockname", "peername") else default
-
-    def pause_reading(self) -> None:
-        return None
-
-    def resume_reading(self) -> None:
-        return None
 
 
 class _Gateway(Gateway):
@@ -96,7 +70,7 @@ def door(tmp_path: Path) -> Any:
 
 async def _connection(
     gateway: Gateway, limit: int
-) -> tuple[GuardedHttpToolsProtocol, _Transport, ServerState]:
+) -> tuple[GuardedHttpToolsProtocol, RecordingTransport, ServerState]:
     opened = gateway.door()
     opened = type(opened)(limit, opened.openai, opened.messages, None)
     limits = ConnectionLimits.from_config(gateway.config.server, None, opened)
@@ -104,7 +78,7 @@ async def _connection(
     config.load()
     state = ServerState()
     protocol = GuardedHttpToolsProtocol(config, state, {STATE_KEY: limits})
-    transport = _Transport()
+    transport = RecordingTransport()
     protocol.connection_made(transport)
     return protocol, transport, state
 

@@ -12,35 +12,11 @@ import pytest
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import ServerState
 
+from tests.gateway.harness import RecordingTransport
 from tidegate.clock import loop_round
 from tidegate.gateway.protocol import SHUTDOWN_GRACE_S, GuardedHttpToolsProtocol
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"
-
-
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.closed = False
-
-    def write(self, data: Any) -> None:
-        self.written += bytes(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        return None
-
-    def resume_reading(self) -> None:
-        return None
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -48,11 +24,11 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _connection() -> tuple[GuardedHttpToolsProtocol, Transport]:
+def _connection() -> tuple[GuardedHttpToolsProtocol, RecordingTransport]:
     config = UvicornConfig(app, http="httptools", lifespan="off", log_level="error")
     config.load()
     protocol = GuardedHttpToolsProtocol(config, ServerState(), app_state={})
-    transport = Transport()
+    transport = RecordingTransport()
     protocol.connection_made(transport)
     return protocol, transport
 
