@@ -212,6 +212,9 @@ class HeadroomBook:
             and _ANTHROPIC_TOKENS_MARK not in headers
         ):
             return None
+        return self._record(provider, headers)
+
+    def _record(self, provider: str, headers: Mapping[str, str]) -> Headroom | None:
         found = read_headers(headers, self.clock.now(), self.clock.wall())
         if found is not None:
             self._latest[provider] = found
@@ -223,11 +226,11 @@ class HeadroomBook:
         answer reports anything (both APIs send it whenever they report headroom; an upstream
         that reports nothing costs that one lookup an answer)."""
         mark = _MARKS[dialect]
-        observe = self.observe
+        record = self._record
 
         def seen(headers: Mapping[str, str]) -> None:
-            if mark in headers:
-                observe(provider, headers)
+            if mark in headers:  # the one check: observe()'s four are not made again
+                record(provider, headers)
 
         return seen
 
