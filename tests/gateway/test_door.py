@@ -1,20 +1,25 @@
-"""The open-requests guard of the connection (gateway.protocol.Door): a model request past the
-limit is answered at the connection, before its body, without a task or the app's work."""
+"""The process's door (gateway.protocol.Door, gateway.door): a model request past the open-requests
+limit, or one admission would refuse, is answered at the connection, before its body, without a
+task or the app's work."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import ServerState
 
-from tests.gateway.harness import RecordingTransport
+from tests.gateway.harness import KEY, LOW_KEY, RecordingTransport, fake, write_config
 from tidegate.gateway.app import Gateway
-from tidegate.gateway.config import Config
+from tidegate.gateway.config import Config, load_config
+from tidegate.gateway.door import MAX_HINT_S
+from tidegate.gateway.pipeline.dialect import OPENAI
 from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits, GuardedHttpToolsProtocol
 
 MINIMAL: dict[str, Any] = {
@@ -62,17 +67,21 @@ def _answers(written: bytes) -> list[tuple[int, dict[str, str], Any]]:
     return out
 
 
-@pytest.fixture
-def door(tmp_path: Path) -> Any:
+@pytest_asyncio.fixture
+async def door(tmp_path: Path) -> Any:
     gateway = _Gateway(Config.model_validate(MINIMAL), tmp_path / "tidegate.yaml")
-    return gateway
+    await gateway.startup()
+    yield gateway
+    await gateway.shutdown()
 
 
 async def _connection(
-    gateway: Gateway, limit: int
+    gateway: Gateway, limit: int | None = None
 ) -> tuple[GuardedHttpToolsProtocol, RecordingTransport, ServerState]:
+    """A connection of ``gateway``'s door; ``limit`` replaces its open-requests limit."""
     opened = gateway.door()
-    opened = type(opened)(limit, opened.openai, opened.messages, None)
+    if limit is not None:
+        opened = type(opened)(limit, opened.openai, opened.messages, None, opened.full)
     limits = ConnectionLimits.from_config(gateway.config.server, None, opened)
     config = UvicornConfig(app=gateway, http=GuardedHttpToolsProtocol, lifespan="off")
     config.load()
@@ -137,10 +146,189 @@ async def test_a_closing_request_is_answered_and_closed(door: Any) -> None:
     assert headers["connection"] == "close"
 
 
-def test_the_default_limit_is_twice_the_admission_places(door: Any) -> None:
+@pytest.mark.asyncio
+async def test_the_default_limit_is_twice_the_admission_places(door: Any) -> None:
     admission = door.config.admission
     assert door.door_limit == 2 * (admission.slots + admission.queue_cap)
     custom = Gateway(
         Config.model_validate({**MINIMAL, "server": {"max_open_requests": 7}}), Path("x")
     )
-    assert custom.door().limit == 7
+    assert custom.door_limit == 7
+
+
+@pytest.mark.asyncio
+async def test_count_tokens_past_the_limit_is_refused_in_anthropics_shape(door: Any) -> None:
+    protocol, transport, _ = await _connection(door, limit=0)
+    protocol.data_received(_request("/v1/messages/count_tokens"))
+    ((status, _, body),) = _answers(transport.written)
+    assert status == 529
+    assert body["error"]["type"] == "overloaded_error"
+    protocol.connection_lost(None)
+
+
+# --------------------------------------------------------------------------- full admission
+
+
+FULL: dict[str, Any] = {
+    "providers": {"main": fake()},
+    "models": {"chat": {"providers": ["main"]}},
+    "admission": {"slots": 1, "queue_cap": 1},
+    "cache": {"enabled": False},
+}
+
+
+@pytest_asyncio.fixture
+async def make_full(tmp_path: Path) -> Any:
+    """Started gateways (counting what reaches their app) made from FULL and ``changes``."""
+    made: list[Gateway] = []
+
+    async def make(**changes: Any) -> Gateway:
+        path = write_config(tmp_path, {**FULL, **changes})
+        gateway = _Gateway(load_config(path, env={}), path)
+        await gateway.startup()
+        made.append(gateway)
+        return gateway
+
+    yield make
+    for gateway in made:
+        await gateway.shutdown()
+
+
+def _fill(gateway: Gateway, klass: str = "standard") -> None:
+    """Take the one slot and fill ``klass``'s one waiting place, as two callers would."""
+    runtime = gateway.runtime
+    assert runtime is not None
+    controller = runtime.admission.controller
+    for rid in ("held", "waiting"):
+        controller.offer(request_id=rid, klass=klass, tenant="other", deadline_at=None)
+    assert not controller.has_room()
+
+
+def _bearer(key: str = KEY) -> str:
+    return f"Authorization: Bearer {key}"
+
+
+@pytest.mark.asyncio
+async def test_a_full_class_is_refused_at_the_connection_with_admissions_answer(
+    make_full: Any,
+) -> None:
+    """Structural: the app is never called, no request task is made; the answer is the 503
+    ``queue_full`` admission gives, with its Retry-After, the request id, and it is counted
+    as admission counts a refusal of the caller's class."""
+    gateway = await make_full()
+    _fill(gateway)
+    runtime = gateway.runtime
+    assert runtime is not None
+    _Gateway.called = 0
+    protocol, transport, state = await _connection(gateway)
+    protocol.data_received(_request("/v1/chat/completions", _bearer(), "X-Request-ID: full-1"))
+    protocol.data_received(_request("/v1/messages", _bearer()))
+    await _next_round()
+    assert _Gateway.called == 0
+    assert not state.tasks
+    assert not transport.closed
+    (status, headers, body), (m_status, _, m_body) = _answers(transport.written)
+    assert status == 503
+    assert body["error"]["code"] == "queue_full"
+    assert "class" in body["error"]["message"]
+    hint = runtime.admission.controller.saturated("standard")
+    assert hint is not None
+    assert headers["retry-after"] == str(max(1, math.ceil(hint)))
+    assert headers["x-request-id"] == "full-1"
+    assert m_status == 529
+    assert m_body["error"]["type"] == "overloaded_error"
+    refused = runtime.admission.controller.snapshot().refused
+    assert refused["standard"]["queue_full"] == 2
+    exposition = runtime.metrics.exposition().decode()
+    assert 'tidegate_refusals_total{klass="standard",reason="queue_full"} 2.0' in exposition
+    protocol.connection_lost(None)
+
+
+@pytest.mark.asyncio
+async def test_what_admission_would_let_in_goes_to_the_app(make_full: Any) -> None:
+    """Another class with room, no valid key, an Idempotency-Key, count_tokens: the app."""
+    gateway = await make_full()
+    _fill(gateway)  # standard is full; batch is not
+    for extra in (
+        (_bearer(LOW_KEY),),  # the batch key: its class has room
+        ("Authorization: Bearer nobody",),  # 401 is the app's to say
+        (),  # no key at all
+        (_bearer(), "Idempotency-Key: k-1"),  # a stored answer may be replayed without a slot
+    ):
+        _Gateway.called = 0
+        protocol, _, _ = await _connection(gateway)
+        protocol.data_received(_request("/v1/chat/completions", *extra))
+        await _next_round()
+        assert _Gateway.called == 1, extra
+        protocol.connection_lost(None)
+    _Gateway.called = 0
+    protocol, _, _ = await _connection(gateway)
+    protocol.data_received(_request("/v1/messages/count_tokens", _bearer()))  # takes no slot
+    await _next_round()
+    assert _Gateway.called == 1
+    protocol.connection_lost(None)
+
+
+@pytest.mark.asyncio
+async def test_a_priority_header_lowers_the_class_the_door_judges(make_full: Any) -> None:
+    gateway = await make_full()
+    _fill(gateway, "batch")  # batch is full; the standard key asks to be judged as batch
+    _Gateway.called = 0
+    protocol, transport, _ = await _connection(gateway)
+    protocol.data_received(_request("/v1/chat/completions", _bearer()))
+    await _next_round()
+    assert _Gateway.called == 1  # its own class, standard, has room
+    protocol.connection_lost(None)
+    protocol, transport, _ = await _connection(gateway)
+    protocol.data_received(
+        _request("/v1/chat/completions", _bearer(), "X-Tidegate-Priority: batch")
+    )
+    ((status, _, _),) = _answers(transport.written)
+    assert status == 503
+    protocol.connection_lost(None)
+
+
+@pytest.mark.asyncio
+async def test_with_the_cache_on_or_the_kill_switch_set_the_app_answers(make_full: Any) -> None:
+    cached = await make_full(cache={"enabled": True})
+    _fill(cached)
+    _Gateway.called = 0
+    protocol, transport, _ = await _connection(cached)
+    protocol.data_received(_request("/v1/chat/completions", _bearer()))
+    await _next_round()
+    assert _Gateway.called == 1  # a hit is served without a slot: the app must look
+    protocol.connection_lost(None)
+    protocol, transport, _ = await _connection(cached)
+    protocol.data_received(_request("/v1/embeddings", _bearer()))  # embeddings are not cached
+    ((status, _, _),) = _answers(transport.written)
+    assert status == 503
+    assert _Gateway.called == 1
+    protocol.connection_lost(None)
+    gateway = await make_full()
+    _fill(gateway)
+    runtime = gateway.runtime
+    assert runtime is not None
+    runtime.flags.set("answer.mode", "degraded", who="test", why="door")
+    _Gateway.called = 0
+    protocol, _, _ = await _connection(gateway)
+    protocol.data_received(_request("/v1/chat/completions", _bearer()))
+    await _next_round()
+    assert _Gateway.called == 1  # degraded answers need no slot
+    protocol.connection_lost(None)
+
+
+@pytest.mark.asyncio
+async def test_the_door_keeps_one_rendering_per_hint_and_caps_it(make_full: Any) -> None:
+    gateway = await make_full()
+    door = gateway.door()
+    assert door.full is not None
+    _fill(gateway)
+    refusals = [
+        door.full.refusal(b"/v1/chat/completions", [(b"authorization", f"Bearer {KEY}".encode())])
+        for _ in range(3)
+    ]
+    first = refusals[0]
+    assert first is not None
+    assert all(r is not None and r[0] is first[0] for r in refusals)  # rendered once
+    shed = door.full._shed(OPENAI, 1e9)
+    assert f"retry-after: {MAX_HINT_S}".encode() in shed.head

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Unpack
 
-import orjson
 import structlog
 
 from tidegate import __version__
@@ -32,6 +31,7 @@ from tidegate.gateway.admin_server import AdminApp, moved_to_admin
 from tidegate.gateway.auth import KeyRing
 from tidegate.gateway.canary import take_step
 from tidegate.gateway.config import Config, resolve
+from tidegate.gateway.door import AdmissionDoor, admission_paths, render_shed
 from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.http import (
     ClientDisconnected,
@@ -55,10 +55,17 @@ from tidegate.gateway.pipeline import (
     identify,
     new_request_id,
 )
-from tidegate.gateway.pipeline.dialect import OPENAI, Dialect, render_error, send_dialect_error
+from tidegate.gateway.pipeline.dialect import OPENAI, send_dialect_error
 from tidegate.gateway.pipeline.messages import ANTHROPIC
 from tidegate.gateway.pipeline.spans import request_attributes, request_outcome, skips
-from tidegate.gateway.protocol import ADMIN_STATE_KEY, STATE_KEY, ConnectionLimits, Door, Shed
+from tidegate.gateway.protocol import (
+    ADMIN_STATE_KEY,
+    ADMISSION_FULL,
+    OPEN_REQUESTS,
+    STATE_KEY,
+    ConnectionLimits,
+    Door,
+)
 from tidegate.gateway.runtime import (
     Overrides,
     Runtime,
@@ -151,8 +158,9 @@ class Gateway:
             p: (Gateway.not_here if p in moved else h) for p, h in GET_ROUTES.items()
         }
         self._shared_metrics: SharedMetrics | None = None
-        #: Requests refused at the door since its last log line, and when the next may be.
-        self._shed_unlogged = 0
+        #: Requests refused at the door since its last log line, by reason, and when the next
+        #: line may be.
+        self._shed_unlogged = {OPEN_REQUESTS: 0, ADMISSION_FULL: 0}
         self._shed_log_at = 0.0
 
     # ------------------------------------------------------------------ lifespan
@@ -182,7 +190,7 @@ class Gateway:
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         self._watches.close()
-        if self._shed_unlogged:
+        if any(self._shed_unlogged.values()):
             self._log_shed()
         for task in (self._refresher, self._controller):
             if task is not None:
@@ -294,39 +302,50 @@ class Gateway:
     # ------------------------------------------------------------------ the door
 
     def door(self) -> Door:
-        """The open-requests guard the connections apply (``server.max_open_requests``): its
-        refusals rendered once, in each API's shape, and how each is counted."""
+        """The guard the connections apply (``server.max_open_requests``, and full admission:
+        :mod:`tidegate.gateway.door`): its refusals rendered once, in each API's shape, and how
+        each is counted."""
+        rt = self.runtime
+        assert rt is not None, "the door is opened once the runtime is built"
         limit = self.door_limit
         error = QueueFull(
             f"the process holds its limit of {limit} open requests (server.max_open_requests)",
             policy="server",
             retry_after=1.0,
         )
-        return Door(limit, _shed(OPENAI, error), _shed(ANTHROPIC, error), self._count_shed)
+        paths = admission_paths(self._endpoints.items())
+        full = AdmissionDoor(rt, paths) if paths else None
+        openai, messages = render_shed(OPENAI, error), render_shed(ANTHROPIC, error)
+        return Door(limit, openai, messages, self._count_shed, full)
 
-    def _count_shed(self, messages: bool) -> None:
-        """A request refused at the door: counted as the app counts a refusal (no identity, no
-        route), and logged in one aggregated line a second at most (the first at once)."""
+    def _count_shed(self, reason: str, klass: str) -> None:
+        """A request refused at the door: counted as the app counts a refusal (no route; the
+        class when admission refused it, and admission counts it too), and logged in one
+        aggregated line a second at most (the first at once)."""
         rt = self.runtime
         assert rt is not None, "the door is opened once the runtime is built"
+        if reason == ADMISSION_FULL:
+            rt.admission.controller.count_shed(klass)
         metrics = rt.metrics
         metrics.requests.labels("-", "-", "-", QueueFull.code).inc()
-        metrics.refusals.labels("-", QueueFull.code).inc()
-        self._shed_unlogged += 1
+        metrics.refusals.labels(klass, QueueFull.code).inc()
+        self._shed_unlogged[reason] += 1
         if rt.clock.now() >= self._shed_log_at:
             self._log_shed()
 
     def _log_shed(self) -> None:
         rt = self.runtime
         assert rt is not None
+        unlogged = self._shed_unlogged
         log.warning(
             "requests_shed_at_door",
-            refused=self._shed_unlogged,
+            refused=sum(unlogged.values()),
+            **unlogged,
             outcome=QueueFull.code,
             status=503,
             max_open_requests=self.door_limit,
         )
-        self._shed_unlogged = 0
+        self._shed_unlogged = dict.fromkeys(unlogged, 0)
         self._shed_log_at = rt.clock.now() + SHED_LOG_EVERY_S
 
     @property
@@ -512,13 +531,6 @@ class Gateway:
             await send_error(send, error)
             return
         await send_json(send, 200, _model_object(alias))
-
-
-def _shed(dialect: Dialect, error: QueueFull) -> Shed:
-    """``error`` in ``dialect``, rendered once, as the door sends it."""
-    status, body, extra, _ = render_error(dialect, error)
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
-    return Shed.of(status, orjson.dumps(body), headers)
 
 
 def _ms(seconds: float) -> int | None:

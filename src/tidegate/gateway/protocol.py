@@ -19,12 +19,13 @@ Idle keep-alive is uvicorn's own ``timeout_keep_alive`` (``server.keep_alive_s``
 also tells the app when uvicorn begins its graceful shutdown (``ConnectionLimits.on_drain``).
 
 It also guards the process itself (:class:`Door`): a model request (``POST /v1/...``) whose head
-completes while the process already holds ``server.max_open_requests`` requests is answered at
-once with a pre-rendered 503 ``queue_full`` (529 ``overloaded_error`` on ``/v1/messages``),
-before its body is read, without a request task, an ASGI cycle or any of the app's work; the
-connection stays open and the body is read past. The busier the process, the more of its
-refusals take this way, which costs a fraction of one the app decides: refusing gets cheaper,
-not slower, as the process saturates.
+completes while the process already holds ``server.max_open_requests`` requests, or while
+admission would refuse any request (``Door.full``, see :mod:`tidegate.gateway.door`), is
+answered at once with a pre-rendered 503 ``queue_full`` (529 ``overloaded_error`` on
+``/v1/messages``), before its body is read, without a request task, an ASGI cycle or any of the
+app's work; the connection stays open and the body is read past. The busier the process, the
+more of its refusals take this way, which costs a fraction of one the app decides: refusing
+gets cheaper, not slower, as the process saturates.
 
 The request path pays nothing per header, a clock read at the start of a kept-alive request's
 head and at the end of every head, and no task: the one timer of a connection is re-armed when
@@ -43,7 +44,7 @@ import asyncio
 import http
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn, Protocol
 
 import httptools
 import orjson
@@ -57,9 +58,12 @@ from tidegate.ids import new_id
 
 __all__ = [
     "ADMIN_STATE_KEY",
+    "ADMISSION_FULL",
+    "OPEN_REQUESTS",
     "STATE_KEY",
     "ConnectionLimits",
     "Door",
+    "FullAdmission",
     "GuardedHttpToolsProtocol",
     "Shed",
 ]
@@ -135,16 +139,36 @@ class Shed:
         return cls(_head(status, fixed), body)
 
 
+#: Why the door refused (what ``Door.counted`` is told).
+OPEN_REQUESTS: Final = "open_requests"
+ADMISSION_FULL: Final = "admission_full"
+
+
+class FullAdmission(Protocol):
+    """The door's second reason (:class:`tidegate.gateway.door.AdmissionDoor`)."""
+
+    def has_room(self) -> bool:
+        """Whether a request could start at once (then nothing is refused for this reason)."""
+        ...
+
+    def refusal(self, path: bytes, pairs: list[tuple[bytes, bytes]]) -> tuple[Shed, str] | None:
+        """The answer to send and the caller's class, or None when the app is to answer."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Door:
-    """The open-requests guard: past ``limit`` requests held by the process, a model request is
-    answered with ``openai`` (``messages`` on ``/v1/messages``) at the connection, and
-    ``counted`` is told (the app counts it in its metrics and its aggregated log line)."""
+    """The process's guard: past ``limit`` requests held by the process, a model request is
+    answered with ``openai`` (``messages`` on Anthropic's paths) at the connection; while
+    ``full`` says admission would refuse the request, it is answered with that refusal.
+    ``counted`` is told why and the caller's class (``-`` past the limit) each time: the app
+    counts it in its metrics and its aggregated log line."""
 
     limit: int
     openai: Shed
     messages: Shed
-    counted: Callable[[bool], None] | None = None
+    counted: Callable[[str, str], None] | None = None
+    full: FullAdmission | None = None
 
 
 class _NoEvent:
@@ -165,6 +189,8 @@ class _ShedCycle:
 
 _SHED_CYCLE: Any = _ShedCycle()
 _MESSAGES_PATH = b"/v1/messages"
+#: What ends the path of Anthropic's endpoints (``/v1/messages``, ``/v1/messages/count_tokens``).
+_MESSAGES_END = (b"", b"?", b"/")
 
 
 def _printable(value: bytes) -> bool:
@@ -302,7 +328,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_timed = False
         self._body_deadline = self.loop.time() + self.limits.body_timeout_s
         door = self._door
-        if door is not None and len(self.tasks) >= door.limit and self._shed(door):
+        if door is not None and self._at_door(door):
             return
         super().on_headers_complete()
         if self._draining and self.cycle is not None:
@@ -317,21 +343,39 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ the door
 
-    def _shed(self, door: Door) -> bool:
+    def _at_door(self, door: Door) -> bool:
+        """Whether the request was answered at the door: one over the open-requests limit, or
+        one admission would refuse (asked only once no request can start at once)."""
+        if len(self.tasks) >= door.limit:
+            return self._shed(door, False)
+        full = door.full
+        return full is not None and not full.has_room() and self._shed(door, True)
+
+    def _shed(self, door: Door, admission: bool) -> bool:
         """Answer a model request at the door, now (before its body); False: not one to shed
-        here (another method or path, an upgrade, an answer still being written before it)."""
+        here (another method or path, an upgrade, an answer still being written before it; for
+        admission, one it would admit, or that the app is to answer)."""
         if not self._sheddable():
             return False
         url = self.url
-        messages = url.startswith(_MESSAGES_PATH) and url[12:13] in (b"", b"?")
+        if admission:
+            full = door.full
+            assert full is not None
+            refused = full.refusal(url.partition(b"?")[0], self.headers)
+            if refused is None:
+                return False
+            (shed, klass), reason = refused, ADMISSION_FULL
+        else:
+            messages = url.startswith(_MESSAGES_PATH) and url[12:13] in _MESSAGES_END
+            shed, klass, reason = (door.messages if messages else door.openai), "-", OPEN_REQUESTS
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         self.cycle = _SHED_CYCLE
-        self.transport.write(self._shed_answer(door.messages if messages else door.openai))
+        self.transport.write(self._shed_answer(shed))
         if not keep_alive:
             self._cancel_timer()
             self.transport.close()
         if door.counted is not None:
-            door.counted(messages)
+            door.counted(reason, klass)
         return True
 
     def _sheddable(self) -> bool:

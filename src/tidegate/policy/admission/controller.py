@@ -2,22 +2,9 @@
 
 Its state is counters and heaps, never scans: a heap per class and per parked tenant, lazy
 deletion of cancelled entries, and a load record per tenant that each ticket points at. Time is
-read only from the injected clock.
-
-Two optimisations are kept here, because deterministic counts show they pay (callgrind on
-``benchmarks/lab.py``'s model compiled, 104,564 customers of about 9,250 instructions each;
-``benchmarks/opcodes.py`` for the gateway's plain Python):
-
-- ``_heappush``, ``_heappop`` and ``_any`` are module-level Finals, which the compiled build
-  reads as one C static where ``heapq.heappush`` is an attribute lookup on the module and
-  ``any`` one on the builtins at every call: 277 and 132 fewer instructions a customer (3% and
-  1.4%).
-- A ticket that starts at once on offer with no event hook is counted once, in ``_direct``, as
-  admitted and as started: no hook can see it between the two. 137 fewer instructions a
-  customer (1.5%), 16 fewer bytecodes a gateway request.
-
-With them a compiled customer costs what it did before the shared helpers replaced the
-hand-inlined copies of ``offer`` and ``finish`` (9,251 instructions against 9,245).
+read only from the injected clock. The two optimisations kept here (module-level heap functions,
+and one count for a ticket that starts on offer) and what they measured are in
+docs/policies/admission.md, "Implementation notes".
 """
 
 from __future__ import annotations
@@ -50,7 +37,7 @@ __all__ = ["AdmissionController"]
 
 _POLICY: Final = "admission"
 
-# One C static each in the compiled build (see the module docstring).
+# One C static each in the compiled build (docs/policies/admission.md).
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 _any: Final = any
@@ -126,15 +113,13 @@ class AdmissionController:
         self._index = {klass: i for i, klass in enumerate(classes)}
         self._caps = [options.cap_for(klass) for klass in classes]
         self._shares = WeightedShares([options.weight_for(klass) for klass in classes])
-        # Per class: a heap of (arrival sequence, ticket); cancelled entries are left in place
-        # and skipped when they reach the top.
+        # Per class: a heap of (arrival sequence, ticket); cancelled entries skipped at the top.
         self._heaps: list[list[tuple[int, Ticket]]] = [[] for _ in classes]
         self._waiting = [0] * count  # live waiting tickets per class, parked ones included
         self._total_waiting = 0
         self._ready = 0  # live tickets in the class heaps, i.e. startable now
         self._free = options.slots  # slots not held by a started ticket: never negative
-        # Per tenant with live tickets: its counts and parked tickets.
-        self._tenants: dict[str, TenantLoad] = {}
+        self._tenants: dict[str, TenantLoad] = {}  # per tenant with live tickets
         self._seq = 0
         # The options the hot paths read, as plain fields (options are frozen).
         self._slots = options.slots
@@ -155,9 +140,7 @@ class AdmissionController:
         self._offered_at: float | None = None
         self._admitted = [0] * count  # tickets admitted to wait, or to start with a hook
         self._started = [0] * count  # tickets started from the queue, or at once with a hook
-        # Tickets that started at once on offer with no hook: each counts as admitted and as
-        # started (see ``snapshot``), at one increment instead of two.
-        self._direct = [0] * count
+        self._direct = [0] * count  # started at once with no hook: admitted and started, once
         self._finished = [0] * count
         self._cancelled = [0] * count
         self._expired = [0] * count
@@ -210,7 +193,7 @@ class AdmissionController:
             load = self._tenants[tenant] = TenantLoad(self, tenant)
         ticket = Ticket(request_id, klass, index, deadline_at, now, load)
         if direct and self._on_event is None:
-            # The one fast path (see the module docstring): no hook can see the ticket between
+            # The one fast path (docs/policies/admission.md): no hook can see the ticket between
             # its admission and its start, so it is counted once, as admitted and as started.
             self._direct[index] += 1
             self._take_slot(ticket, now)
@@ -223,6 +206,27 @@ class AdmissionController:
         else:
             self._enqueue(ticket, parked=tenant_busy)
         return ticket
+
+    def has_room(self) -> bool:
+        """Whether a request offered now could start at once (a free slot and nothing startable
+        waiting), its tenant's limit aside. Asked before every model request's body is read."""
+        return self._free > 0 and self._ready == 0
+
+    def saturated(self, klass: str) -> float | None:
+        """The retry hint :meth:`offer` would refuse any ``klass`` request with now, whatever its
+        tenant (none can start at once and the class's queue is at its cap); else ``None``."""
+        index = self._class_index(klass)
+        cap = self._caps[index]
+        if self.has_room() or cap is None or self._waiting[index] < cap:
+            return None
+        return (self._work_ahead(index, self._clock.now()) + 1.0) / self.service_rate
+
+    def count_shed(self, klass: str) -> None:
+        """Count a request of ``klass`` refused on :meth:`saturated`'s word, without an offer:
+        as an offer and a ``queue_full`` refusal (no event: it had no ticket or request id)."""
+        counts = self._refused[self._class_index(klass)]
+        counts[RefusalReason.QUEUE_FULL] = counts.get(RefusalReason.QUEUE_FULL, 0) + 1
+        self._count_offer(self._clock.now())
 
     def start(self) -> Ticket | None:
         """Start the next waiting ticket in dequeue order if a slot is free, else ``None``.
