@@ -1353,3 +1353,202 @@ def placement(
             rows,
         )
     )
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def _outage(text: str) -> tuple[float, float]:
+    """``START,LENGTH`` in seconds, or ``none``."""
+    if text.strip().lower() in ("none", "off", "0"):
+        return 0.0, 0.0
+    start, _, length = text.partition(",")
+    try:
+        return float(start), float(length)
+    except ValueError:
+        raise _fail(f"--outage {text!r}: use START,LENGTH in seconds, or none") from None
+
+
+def _knob(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _tune_rows(result: Any) -> list[list[str]]:
+    """The knobs (start, best) and the figures (start, best), each with its interval."""
+    before, after = result.start.setting.yaml_keys(), result.best.setting.yaml_keys()
+    rows = [
+        [key, _knob(value), _knob(after[key]) + (" *" if after[key] != value else "")]
+        for key, value in before.items()
+    ]
+    figures = [
+        ("goodput req/s", "goodput", 2, 1.0),
+        ("shed %", "shed_share", 1, 100.0),
+        ("expired %", "expired_share", 1, 100.0),
+        ("failed %", "failed_share", 1, 100.0),
+        ("p95 s", "p95", 2, 1.0),
+        ("calls per request", "calls_per_request", 2, 1.0),
+        ("cost per request", "cost_per_request", 6, 1.0),
+    ]
+    for label, name, digits, scale in figures:
+        rows.append(
+            [
+                label,
+                result.start.figures[name].format(digits, scale),
+                result.best.figures[name].format(digits, scale),
+            ]
+        )
+    rows.append(
+        [
+            "meets the constraints",
+            "yes" if result.start.feasible else "no: " + "; ".join(result.start.violations),
+            "yes" if result.best.feasible else "no: " + "; ".join(result.best.violations),
+        ]
+    )
+    return rows
+
+
+def _tuned(
+    start: Any, workload: Any, options: Any, where: tuple[str | None, str | None, int]
+) -> Any:
+    """The search on the process pool, or on a Dask cluster (``where``: the --cluster,
+    --scheduler and pool size)."""
+    from tidegate.lab import tune as tune_module
+
+    cluster, scheduler, jobs = where
+    if cluster is None and scheduler is None:
+        return tune_module.tune(start, workload, options, tune_module.PoolBackend(jobs))
+    with tune_module.dask_backend(scheduler=scheduler, workers=jobs) as backend:
+        return tune_module.tune(start, workload, options, backend)
+
+
+def _print_tuned(result: Any, name: str, replications: int) -> None:
+    objective = result.objective
+    typer.echo(
+        f"workload: {result.workload}; searched {result.evaluated} settings in "
+        f"{result.passes} pass(es); start and best re-run on fresh seeds"
+    )
+    _console().print(
+        _table(
+            f"{name} tuned for {objective}: {replications} replications, 95% CI",
+            ["", "start", "best"],
+            _tune_rows(result),
+        )
+    )
+    typer.echo(f"gain ({objective}, paired): {result.gain.format(6 if objective == 'cost' else 2)}")
+    typer.echo(result.verdict)
+    typer.echo(result.diff if result.diff else "no change to the config")
+
+
+@lab_app.command("tune")
+def tune_command(
+    config: Annotated[
+        Path,
+        typer.Option(help="The live tidegate.yaml, read as the gateway reads it.", dir_okay=False),
+    ],
+    objective: Annotated[
+        str, typer.Option(help="goodput (maximised) or cost (per request, minimised).")
+    ] = "goodput",
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Replay this request log (as `lab replay` reads it) instead of a profile.",
+            dir_okay=False,
+        ),
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Profile: arrivals per second (Poisson).")] = 30.0,
+    duration: Annotated[float, typer.Option(help="Profile: seconds of arrivals.")] = 120.0,
+    io: Annotated[
+        str, typer.Option(help="Profile: model-call time: exp:MEAN, det:S, lognormal:MEAN,SCV.")
+    ] = "lognormal:0.8,1",
+    deadline: Annotated[
+        float, typer.Option(help="Profile: seconds a caller waits (capped by the config's).")
+    ] = 10.0,
+    capacity: Annotated[
+        float, typer.Option(help="Profile: calls per second the provider accepts.")
+    ] = 80.0,
+    outage: Annotated[
+        str, typer.Option(help="Profile: START,LENGTH seconds every call fails, or none.")
+    ] = "40,20",
+    tokens: Annotated[int, typer.Option(help="Profile: tokens each call bills.")] = 1200,
+    price_per_1k: Annotated[
+        float | None,
+        typer.Option(
+            help="Price of 1,000 tokens (default: the config's prices for its first route's "
+            "primary model, else 0.002).",
+            show_default=False,
+        ),
+    ] = None,
+    worker_hour: Annotated[float, typer.Option(help="Price of one worker for an hour.")] = 0.05,
+    max_shed: Annotated[
+        float | None, typer.Option(help="Largest share refused at the door.", show_default=False)
+    ] = None,
+    max_p95: Annotated[
+        float | None, typer.Option(help="Largest p95 of the answered, s.", show_default=False)
+    ] = None,
+    max_cost_per_request: Annotated[
+        float | None, typer.Option(help="Largest cost per request.", show_default=False)
+    ] = None,
+    passes: Annotated[int, typer.Option(min=1, help="Coordinate-descent passes at most.")] = 3,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="Run replications on a Dask cluster: local (needs tidegate[cluster]).",
+            show_default=False,
+        ),
+    ] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            help="Run replications on the Dask scheduler at this address.", show_default=False
+        ),
+    ] = None,
+    replications: ReplicationsOption = 5,
+    jobs: JobsOption = None,
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Search queue cap, deadline admission, retries and their budget, the breaker and the fleet
+    size for the setting with the best goodput under constraints; print it with 95% intervals
+    and the change as a diff of the config."""
+    from tidegate.lab import tune as tune_module
+
+    if cluster is not None and cluster != "local":
+        raise _fail(
+            f"--cluster: only 'local' starts a cluster; use --scheduler ADDRESS, got {cluster!r}"
+        )
+    if cluster is not None and scheduler is not None:
+        raise _fail("--cluster and --scheduler: give one of them")
+    outage_start, outage_length = _outage(outage)
+    try:
+        options = tune_module.TuneOptions(
+            objective=objective,
+            constraints=tune_module.Constraints(
+                max_shed=max_shed, max_p95=max_p95, max_cost_per_request=max_cost_per_request
+            ),
+            replications=replications,
+            seed=seed,
+            passes=passes,
+        )
+        profile = tune_module.Profile(
+            rate=rate,
+            duration=duration,
+            io=io,
+            deadline=deadline,
+            capacity=capacity,
+            outage_start=outage_start,
+            outage_length=outage_length,
+            tokens=tokens,
+        )
+        workload = tune_module.Workload(
+            profile=profile,
+            trace=load_trace(trace) if trace is not None else None,
+            name=trace.name if trace is not None else "",
+        )
+        start = tune_module.load_start(config, per_1k_tokens=price_per_1k, worker_hour=worker_hour)
+        result = _tuned(start, workload, options, (cluster, scheduler, _jobs(jobs)))
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if json_output:
+        _emit_json(result.as_dict())
+        return
+    _print_tuned(result, config.name, replications)
