@@ -82,3 +82,47 @@ def test_splitting_the_bytes_anywhere_gives_the_same_events(
     cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=8)))
     pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
     assert decode_all(*pieces) == [SSEEvent("message", p) for p in payloads]
+
+
+def data_all(*pieces: bytes) -> list[bytes]:
+    decoder = SSEDecoder()
+    data = [item for piece in pieces for item in decoder.feed_data(piece)]
+    return data + [event.data.encode() for event in decoder.end()]
+
+
+def test_feed_data_gives_each_events_data_as_bytes() -> None:
+    """One event a read (the usual read), several, and one cut across reads."""
+    assert data_all(b'data: {"a":1}\n\n') == [b'{"a":1}']
+    assert data_all(b"data: a\n\ndata: b\n\nda", b"ta: c\n\n") == [b"a", b"b", b"c"]
+    assert data_all(b"data: a", b"\n", b"\ndata: [DONE]\n\n") == [b"a", b"[DONE]"]
+
+
+_lines = st.lists(
+    st.one_of(
+        st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=12).map(
+            lambda text: "data: " + text
+        ),
+        st.sampled_from(["", "data:x", ": comment", "event: ping", "data: two\ndata: lines"]),
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_lines, st.sampled_from([b"\n", b"\r\n", b"\r"]), st.data())
+def test_feed_data_gives_the_data_of_feed_however_the_bytes_are_cut(
+    lines: list[str], newline: bytes, data: st.DataObject
+) -> None:
+    """Comments, event names, several data lines, any line ending, any cut: the data is
+    :meth:`feed`'s, event for event."""
+    body = b"".join(line.encode().replace(b"\n", newline) + newline for line in lines)
+    body += newline
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=8)))
+    pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    assert data_all(*pieces) == [event.data.encode() for event in decode_all(*pieces)]
+
+
+def test_feed_data_refuses_a_line_over_the_limit() -> None:
+    decoder = SSEDecoder(max_line=16)
+    with pytest.raises(SSELineTooLong):
+        decoder.feed_data(b"data: a\n\ndata: " + b"x" * 32)

@@ -15,6 +15,11 @@ A stream yields three kinds of item, so that the caller decides what a damaged s
   ``done_seen`` says whether the provider sent its end marker (``data: [DONE]`` for OpenAI,
   ``message_stop`` for Anthropic); a stream that stopped cleanly without it may be truncated.
 
+A provider that can relay a stream as received also has ``stream_raw`` (same arguments): it
+yields a list of items a read of the body, the items of ``stream`` except that the chunks of a
+read come together as one :class:`RawChunks`, each chunk decoded and beside its data as the
+provider sent it, so that a relay may send on the bytes instead of encoding the chunk again.
+
 A connection that breaks mid-stream raises ``ProviderError(kind="connection")``; a stream that
 goes quiet for longer than ``chunk_timeout`` raises ``ProviderError(kind="timeout")``.
 """
@@ -26,12 +31,14 @@ import math
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 __all__ = [
     "JSONObject",
     "MalformedChunk",
     "Provider",
+    "RawChunks",
+    "RelayItem",
     "StreamEnd",
     "StreamItem",
     "parse_retry_after",
@@ -57,6 +64,19 @@ class StreamEnd:
 
 #: One item of :meth:`Provider.stream`.
 StreamItem: TypeAlias = JSONObject | MalformedChunk | StreamEnd
+
+
+class RawChunks(NamedTuple):
+    """The chunks of one read of a stream, in order: ``chunks[i]`` decoded from ``data[i]``,
+    the event's data exactly as the provider sent it (UTF-8 JSON). A named tuple: one is built
+    for nearly every read of a relayed stream."""
+
+    chunks: list[JSONObject]
+    data: list[bytes]
+
+
+#: One item of the lists a provider's ``stream_raw`` yields.
+RelayItem: TypeAlias = StreamItem | RawChunks
 
 
 @runtime_checkable

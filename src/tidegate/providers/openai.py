@@ -51,14 +51,22 @@ from contextlib import aclosing
 from typing import Literal
 
 import aiohttp
+import orjson
 from yarl import URL
 
 from tidegate.clock import Clock, SystemClock
 from tidegate.errors import ProviderError, ProviderErrorKind
-from tidegate.providers.base import JSONObject, MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.base import (
+    JSONObject,
+    MalformedChunk,
+    RawChunks,
+    RelayItem,
+    StreamEnd,
+    StreamItem,
+)
 from tidegate.providers.presets import Preset
 from tidegate.providers.redact import NO_SECRETS, Redactor, secret_header_values
-from tidegate.providers.sse import SSEEvent
+from tidegate.providers.sse import SSEDecoder, SSEEvent
 from tidegate.providers.transport import (
     HeadersSeen,
     HTTPAnswer,
@@ -70,10 +78,12 @@ from tidegate.providers.transport import (
     post_json,
     retry_after_from,
     stream_events,
+    stream_reads,
 )
 
 __all__ = [
     "OpenAIProvider",
+    "OpenAIRelayDecoder",
     "chat_completion_problem",
     "embeddings_problem",
     "openai_answer",
@@ -230,6 +240,80 @@ async def openai_chunks(
     yield StreamEnd(done_seen=False)
 
 
+class OpenAIRelayDecoder:
+    """:func:`openai_chunks` for a relay, a read at a time: :meth:`feed` turns the bytes of one
+    read of the body into its items, the chunks of the read together as one :class:`RawChunks`
+    (each beside its data as received); :meth:`end` gives the last ones.
+
+    Each event's data is decoded once, from its bytes (:meth:`SSEDecoder.feed_data`); only one
+    that is not a chunk (``[DONE]``, an error, data that is not a JSON object or not UTF-8)
+    takes :func:`openai_chunks`'s way, with the same outcome: an ``{"error": ...}`` event is
+    raised as ``error_for`` maps it, and nothing after ``[DONE]`` is read.
+    """
+
+    __slots__ = ("_done", "_error_for", "_sse")
+
+    def __init__(self, error_for: Callable[[HTTPAnswer], ProviderError]) -> None:
+        self._sse = SSEDecoder()
+        self._error_for = error_for
+        self._done = False
+
+    def feed(self, data: bytes) -> list[RelayItem]:
+        """The items completed by one read of the body."""
+        if self._done:
+            return []
+        events = self._sse.feed_data(data)
+        if len(events) == 1:  # a read of one chunk, as a paced stream's are: the same, quicker
+            try:
+                chunk = orjson.loads(events[0])
+            except orjson.JSONDecodeError:
+                chunk = None
+            if type(chunk) is dict and "error" not in chunk:
+                return [RawChunks([chunk], events)]
+        return self._items(events)
+
+    def end(self) -> list[RelayItem]:
+        """The body has ended: what was still pending, and the :class:`StreamEnd`."""
+        if self._done:
+            return []
+        items = self._items([event.data.encode() for event in self._sse.end()])
+        if not self._done:
+            items.append(StreamEnd(done_seen=False))
+        return items
+
+    def _items(self, events: list[bytes]) -> list[RelayItem]:
+        items: list[RelayItem] = []
+        chunks: list[JSONObject] = []
+        raw: list[bytes] = []
+        for data in events:
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                chunk = None
+            if type(chunk) is dict and ("error" not in chunk or chunk.get("choices")):
+                chunks.append(chunk)
+                raw.append(data)
+                continue
+            if chunks:
+                items.append(RawChunks(chunks, raw))
+                chunks, raw = [], []
+            text = data.decode("utf-8", errors="replace")
+            if text.strip() == "[DONE]":
+                self._done = True
+                items.append(StreamEnd(done_seen=True))
+                return items
+            parsed = parse_json_object(text)
+            if parsed is None:
+                items.append(MalformedChunk(text))
+            elif "error" in parsed and not parsed.get("choices"):
+                raise self._error_for(HTTPAnswer(200, {}, text.encode()))
+            else:  # a chunk only once its bytes are read as UTF-8 with replacements
+                items.append(parsed)
+        if chunks:
+            items.append(RawChunks(chunks, raw))
+        return items
+
+
 class OpenAIProvider:
     """Chat completions, streams and embeddings from an OpenAI-compatible HTTP endpoint.
 
@@ -320,6 +404,34 @@ class OpenAIProvider:
         async with aclosing(openai_chunks(events, self._error_for)) as items:
             async for item in items:
                 yield item
+
+    def stream_raw(
+        self,
+        body: JSONObject,
+        *,
+        timeout: float,
+        chunk_timeout: float | None = None,
+        total_timeout: float | None = None,
+    ) -> AsyncGenerator[list[RelayItem], None]:
+        """:meth:`stream` for a relay: the items of each read of the body together, its chunks
+        as :class:`RawChunks` (:class:`OpenAIRelayDecoder`). The body is made (and a preset's
+        refusal raised) by this call, not by the first read."""
+        decoder = OpenAIRelayDecoder(self._error_for)
+        return stream_reads(
+            self._session,
+            f"{self.base_url}/chat/completions",
+            headers={**self._headers, "Accept": "text/event-stream"},
+            payload=self._payload(body, stream=True),
+            provider=self.name,
+            timeout=timeout,
+            chunk_timeout=chunk_timeout,
+            total_timeout=total_timeout,
+            error_for=self._error_for,
+            decode=decoder.feed,
+            end=decoder.end,
+            redactor=self._redactor,
+            observe=self.headers_seen,
+        )
 
     async def embed(
         self,

@@ -5,6 +5,12 @@ back whole events. It follows the WHATWG event-stream rules that matter to model
 in LF, CRLF or CR; ``:`` starts a comment; ``data:`` lines of one event are joined with LF; an
 empty line ends the event. One leniency: an event still pending when the body ends is delivered
 rather than dropped, because some servers omit the final blank line.
+
+:meth:`SSEDecoder.feed_data` is the relay's way in: only each event's data, as bytes, and for
+the shape nearly every model API writes (``data: ...`` lines ending in LF, one per event) a split
+at the blank lines with nothing decoded; anything else in a read (a CR, a comment, an ``event:``
+line, an event of several lines) goes through the line-by-line rules, so the data is the same
+either way.
 """
 
 from __future__ import annotations
@@ -46,6 +52,41 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """The events completed by ``chunk``, in order."""
         self._buffer += chunk
+        return self._lines()
+
+    def feed_data(self, chunk: bytes) -> list[bytes]:
+        """The data of the events completed by ``chunk``, in order, as bytes (UTF-8 as
+        received; the event names are not kept)."""
+        if (
+            not self._buffer
+            and chunk.startswith(b"data: ")
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk.endswith(b"\n\n")
+            and b"\r" not in chunk
+            and not self._has_data
+            and not self._event
+        ):
+            return [chunk[6:-2]]  # one event of one line, alone in its read: the usual read
+        buffer = self._buffer + chunk
+        if b"\r" in buffer or self._has_data or self._event:
+            self._buffer = buffer
+            return [event.data.encode() for event in self._lines()]
+        blocks = buffer.split(b"\n\n")
+        rest = blocks.pop()
+        data: list[bytes] = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                data.append(block[6:])
+            elif block:  # several lines, comments, an event name: the line-by-line rules
+                self._buffer = block + b"\n\n"
+                data += [event.data.encode() for event in self._lines()]
+        self._buffer = rest
+        if len(rest) - rest.rfind(b"\n") - 1 > self._max_line:
+            raise SSELineTooLong(f"an event-stream line is longer than {self._max_line} bytes")
+        return data
+
+    def _lines(self) -> list[SSEEvent]:
+        """The events completed by the whole lines in the buffer (the rest stays in it)."""
         events: list[SSEEvent] = []
         while True:
             cut = _line_end(self._buffer)
@@ -63,7 +104,7 @@ class SSEDecoder:
 
     def end(self) -> list[SSEEvent]:
         """The body has ended: deliver whatever is still pending."""
-        events: list[SSEEvent] = []
+        events = self._lines()  # feed_data may leave whole lines in the buffer
         if self._buffer:
             # A lone trailing CR was held back in case an LF followed; the body is over now.
             line = self._buffer.removesuffix(b"\r")

@@ -15,11 +15,12 @@ exception's text, which may hold a URL) goes through the provider's
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from re import Pattern
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import aiohttp
 import orjson
@@ -49,6 +50,7 @@ __all__ = [
     "post_json",
     "retry_after_from",
     "stream_events",
+    "stream_reads",
 ]
 
 #: Per-request override of the session's ``ClientTimeout``: the providers time calls themselves.
@@ -57,6 +59,7 @@ NO_CLIENT_TIMEOUT = aiohttp.ClientTimeout(
 )
 
 K = ProviderErrorKind
+T = TypeVar("T")
 #: Told the headers of every answer (a provider's ``headers_seen``: reported headroom).
 HeadersSeen = Callable[[Mapping[str, str]], object]
 
@@ -332,25 +335,64 @@ async def stream_events(
     generator (``contextlib.aclosing``) when leaving early: that releases the connection at
     once.
     """
+    decoder = SSEDecoder()
+    reads = stream_reads(
+        session,
+        url,
+        headers=headers,
+        payload=payload,
+        provider=provider,
+        timeout=timeout,
+        chunk_timeout=chunk_timeout,
+        total_timeout=total_timeout,
+        error_for=error_for,
+        decode=decoder.feed,
+        end=decoder.end,
+        redactor=redactor,
+        observe=observe,
+    )
+    async with aclosing(reads):
+        async for events in reads:
+            for event in events:
+                yield event
+
+
+async def stream_reads(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    payload: JSONObject,
+    provider: str,
+    timeout: float,  # noqa: ASYNC109  # the protocol's per-attempt limit
+    chunk_timeout: float | None,
+    total_timeout: float | None,
+    error_for: Callable[[HTTPAnswer], ProviderError],
+    decode: Callable[[bytes], list[T]],
+    end: Callable[[], list[T]],
+    redactor: Redactor = NO_SECRETS,
+    observe: HeadersSeen | None = None,
+) -> AsyncGenerator[list[T], None]:
+    """POST ``payload`` and yield what ``decode`` makes of each read of the answer's body
+    (``end`` of its end), when that is not empty: :func:`stream_events` one event at a time, a
+    relay the events of each read together.
+
+    The limits are :func:`stream_events`'s, an event being a non-empty list: ``timeout`` until
+    the first, ``chunk_timeout`` between two (from when the caller asks for the next), and
+    ``total_timeout`` over the whole stream. The reads share one timer (:class:`_Watchdog`):
+    a read costs a clock read, not a timeout of its own.
+    """
     loop = asyncio.get_running_loop()
     started = loop.time()
-    first_deadline = started + timeout
-    total_deadline = None if total_timeout is None else started + total_timeout
-
-    def deadline_and_reason(first: bool) -> tuple[float | None, str]:
-        if first:
-            candidates = [(first_deadline, f"no first chunk within {timeout:g}s")]
-        elif chunk_timeout is not None:
-            candidates = [(loop.time() + chunk_timeout, f"no chunk for {chunk_timeout:g}s")]
-        else:
-            candidates = []
-        if total_deadline is not None:
-            candidates.append((total_deadline, f"the stream ran past {total_timeout:g}s"))
-        if not candidates:
-            return None, ""
-        return min(candidates, key=lambda pair: pair[0])
-
-    deadline, reason = deadline_and_reason(first=True)
+    total_deadline, total_reason = math.inf, ""
+    if total_timeout is not None:
+        total_deadline = started + total_timeout
+        total_reason = f"the stream ran past {total_timeout:g}s"
+    deadline, reason = total_deadline, total_reason
+    if started + timeout <= total_deadline:
+        deadline, reason = started + timeout, f"no first chunk within {timeout:g}s"
+    stall_reason = f"no chunk for {chunk_timeout:g}s" if chunk_timeout is not None else ""
+    watchdog = _Watchdog(loop)
     response: aiohttp.ClientResponse | None = None
     try:
         async with timeout_at(deadline):
@@ -363,14 +405,18 @@ async def stream_events(
             if response.status >= 300 or not content_type.startswith("text/event-stream"):
                 body = await response.read()
                 raise error_for(HTTPAnswer(response.status, response.headers, body))
-        decoder = SSEDecoder()
+        content = response.content
         while True:
-            async with timeout_at(deadline):
-                data = await response.content.readany()
-            events = decoder.feed(data) if data else decoder.end()
-            for event in events:
-                yield event
-                deadline, reason = deadline_and_reason(first=False)
+            data = await watchdog.read(content, deadline)
+            items = decode(data) if data else end()
+            if items:
+                yield items
+                stall = math.inf if chunk_timeout is None else loop.time() + chunk_timeout
+                deadline, reason = (
+                    (stall, stall_reason)
+                    if stall < total_deadline
+                    else (total_deadline, total_reason)
+                )
             if not data:
                 response.release()  # the body is complete: the connection may be reused
                 return
@@ -382,11 +428,74 @@ async def stream_events(
             raise
         raise error from exc
     finally:
+        watchdog.close()
         if response is not None and not response.closed:
             # Anything but a complete body (a cut, a stall, an early exit) drops the connection,
             # so that the rest of this answer is never read as the start of the next one.
             with suppress(Exception):
                 response.close()
+
+
+class _Watchdog:
+    """The limit on each read of one stream's body, behind one timer for the whole stream.
+
+    A read only notes its deadline and its task; the timer is armed again only when it fires
+    before the deadline of the read under way (or with none under way), or when a read's
+    deadline is earlier than the one it is armed for. Past its deadline, a read's task is
+    cancelled and the read raises :class:`TimeoutError` in its place, as in ``asyncio.timeout``:
+    a cancellation from elsewhere propagates unchanged.
+    """
+
+    __slots__ = ("armed_at", "cancelling", "deadline", "expired", "loop", "task", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.deadline = math.inf
+        self.task: asyncio.Task[Any] | None = None
+        self.cancelling = 0
+        self.expired = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.armed_at = math.inf
+
+    async def read(self, content: aiohttp.StreamReader, deadline: float) -> bytes:
+        """``content``'s next bytes (``b""`` at the end), by loop time ``deadline`` (inf: any
+        time)."""
+        task = self.task = asyncio.current_task(self.loop)
+        assert task is not None
+        self.deadline = deadline
+        self.cancelling = task.cancelling()
+        if deadline < self.armed_at:
+            self._arm(deadline)
+        try:
+            return await content.readany()
+        except asyncio.CancelledError as cancel:
+            if self.expired and task.uncancel() <= self.cancelling:
+                raise TimeoutError from cancel
+            raise
+        finally:
+            self.task = None
+
+    def _arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(when, self._fire) if when < math.inf else None
+        self.armed_at = when
+
+    def _fire(self) -> None:
+        self.timer, self.armed_at = None, math.inf
+        task = self.task
+        if task is None:
+            return  # no read under way: the next one arms the timer
+        if self.loop.time() >= self.deadline:
+            self.expired = True
+            task.cancel()
+        else:
+            self._arm(self.deadline)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 async def json_events(

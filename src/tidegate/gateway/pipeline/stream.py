@@ -28,7 +28,7 @@ named in the final chunk's ``tidegate`` field. A stream's breaker permit ends wi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ from tidegate.gateway.pipeline.spend import account_usage, price, usage_of
 from tidegate.gateway.pipeline.stream_writer import StreamWriter, content_of, finish_of
 from tidegate.policy.attempts import Attempts, Call
 from tidegate.policy.routing import ProviderSpec
-from tidegate.providers.base import MalformedChunk, StreamEnd, StreamItem
+from tidegate.providers.base import MalformedChunk, RawChunks, RelayItem, StreamEnd, StreamItem
 from tidegate.state.base import StoredResponse
 
 __all__ = ["OpenStream", "open_stream", "stream_answer"]
@@ -58,13 +58,19 @@ log = structlog.get_logger("tidegate")
 RESET_HEADER = "x-tidegate-stream-reset"
 
 
+#: What a provider stream yields: an item at a time (``stream``), or a read's items together
+#: (``stream_raw``, its chunks as :class:`RawChunks`).
+Items = AsyncIterator[StreamItem | list[RelayItem]]
+
+
 @dataclass(slots=True)
 class OpenStream:
     """A provider stream that has produced its first chunk (the point of commitment)."""
 
     spec: ProviderSpec
-    items: AsyncIterator[StreamItem]
-    first: list[dict[str, Any]]
+    items: Items
+    #: The items read up to the first content chunk (the rest of its read with it).
+    first: list[RelayItem]
     #: The attempts that opened it: the stream's permit ends through them, with the stream.
     attempts: Attempts
     #: The caller's deadline is the stream's tighter limit: a timeout says nothing of the provider.
@@ -166,11 +172,12 @@ class _Opener:
         self.body = body
         self.cut_short = False
 
-    async def __call__(
-        self, request: Request, step: Call
-    ) -> tuple[AsyncIterator[StreamItem], list[dict[str, Any]]]:
+    async def __call__(self, request: Request, step: Call) -> tuple[Items, list[RelayItem]]:
         rt, name, body = request.rt, step.spec.name, self.body
         config = rt.provider_configs[name]
+        provider = rt.providers[name]
+        # OpenAI's own stream (no other API's events): relayed from the bytes as received.
+        relay = request.dialect.stream is None and hasattr(type(provider), "stream_raw")
         upstream = {
             **body,
             "model": config.model,
@@ -179,13 +186,14 @@ class _Opener:
         }
         remaining = request.deadline.remaining()
         self.cut_short = remaining < config.stream.max_duration_s
-        items = rt.providers[name].stream(
+        opener = provider.stream_raw if relay else provider.stream  # type: ignore[attr-defined]
+        items: Items = opener(
             upstream,
             timeout=step.timeout,
             chunk_timeout=config.stream.stall_timeout_s,
             total_timeout=min(remaining, config.stream.max_duration_s),
         )
-        first: list[dict[str, Any]] = []
+        first: list[RelayItem] = []
         try:
             await _first_chunks(items, first)
         except BaseException:
@@ -194,15 +202,26 @@ class _Opener:
         return items, first
 
 
-async def _first_chunks(items: AsyncIterator[StreamItem], first: list[dict[str, Any]]) -> None:
+async def _first_chunks(items: Items, first: list[RelayItem]) -> None:
     """Read a stream up to its first content chunk (the point of commitment)."""
     async for item in items:
-        if isinstance(item, dict):
+        if isinstance(item, list):
+            first += item
+            if any(_begins(each) for each in item):
+                return
+        elif isinstance(item, dict):
             first.append(item)
             if _has_content(item):
                 return
         elif isinstance(item, StreamEnd):
             return
+
+
+def _begins(item: RelayItem) -> bool:
+    """Whether ``item`` commits the stream: content (or its end) has come."""
+    if isinstance(item, RawChunks):
+        return any(_has_content(chunk) for chunk in item.chunks)
+    return isinstance(item, StreamEnd) or (isinstance(item, dict) and _has_content(item))
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:
@@ -217,12 +236,33 @@ class _Forward:
     """Sends a stream's chunks on; ``skip`` is a prefix the client already has (a restarted
     fallback's answer must begin with exactly it)."""
 
-    __slots__ = ("continuing", "pending", "writer")
+    __slots__ = ("continuing", "malformed", "pending", "writer")
 
-    def __init__(self, writer: StreamWriter, *, continuing: bool, skip: str) -> None:
+    def __init__(
+        self, writer: StreamWriter, malformed: Callable[[], None], *, continuing: bool, skip: str
+    ) -> None:
         self.writer = writer
+        self.malformed = malformed
         self.continuing = continuing
         self.pending = skip
+
+    async def items(self, items: Iterable[RelayItem]) -> bool:
+        """Forward ``items``, a read's chunks in one write; True once the stream has ended."""
+        for item in items:
+            if isinstance(item, RawChunks):
+                if not self.pending:
+                    await self.writer.chunks(item, continuing=self.continuing)
+                    continue
+                for chunk in item.chunks:
+                    await self(chunk)
+            elif isinstance(item, dict):
+                await self(item)
+            elif isinstance(item, MalformedChunk):
+                self.writer.malformed += 1
+                self.malformed()
+            else:
+                return True
+        return False
 
     async def __call__(self, chunk: dict[str, Any]) -> None:
         writer = self.writer
@@ -256,18 +296,21 @@ async def pump(
     complete stream, a failure for a broken one (by the evidence rule), a release when the
     caller went away or a restarted fallback said something else."""
     rt, attempts = request.rt, opened.attempts
-    forward = _Forward(writer, continuing=continuing, skip=skip)
+
+    def malformed() -> None:
+        rt.metrics.malformed_chunks.labels(opened.spec.name).inc()
+
+    forward = _Forward(writer, malformed, continuing=continuing, skip=skip)
     try:
-        for chunk in opened.first:
-            await forward(chunk)
-        async for item in opened.items:
-            if isinstance(item, dict):
-                await forward(item)
-            elif isinstance(item, MalformedChunk):
-                writer.malformed += 1
-                rt.metrics.malformed_chunks.labels(opened.spec.name).inc()
-            elif isinstance(item, StreamEnd):
-                break
+        if not await forward.items(opened.first):
+            async for item in opened.items:
+                if isinstance(item, list):
+                    if len(item) == 1 and isinstance(item[0], RawChunks) and not forward.pending:
+                        await writer.chunks(item[0], continuing=continuing)  # the usual read
+                    elif await forward.items(item):
+                        break
+                elif await forward.items((item,)):
+                    break
     except ProviderError as error:
         return await _broke(request, opened, error)
     except _Mismatch:

@@ -12,6 +12,7 @@ import orjson
 from tidegate.gateway.http import Send, start_stream
 from tidegate.gateway.pipeline.answer import sse
 from tidegate.gateway.pipeline.dialect import StreamShape
+from tidegate.providers.base import RawChunks
 
 __all__ = ["StreamWriter", "content_of", "finish_of"]
 
@@ -65,25 +66,79 @@ class StreamWriter:
 
     async def chunk(self, chunk: dict[str, Any], *, continuing: bool = False) -> None:
         """Forward one provider chunk (after a rescue: under the first stream's id, no new role)."""
+        events = self._events(chunk, continuing=continuing)
+        if events:
+            await self._write(events)
+
+    async def chunks(self, run: RawChunks, *, continuing: bool = False) -> None:
+        """Forward the chunks of one read in one write. A chunk the client is to see as the
+        provider sent it (:meth:`_as_sent`) goes on as its bytes, unparsed again; any other as
+        :meth:`chunk` makes it."""
+        chunks, raw = run
+        if len(chunks) == 1 and not continuing and self._as_sent(chunks[0]):
+            body = b"data: " + raw[0] + b"\n\n"  # a read of one chunk, as a paced stream's are
+        else:
+            out: list[bytes] = []
+            for chunk, data in zip(chunks, raw, strict=True):
+                if not continuing and self._as_sent(chunk):
+                    out.append(b"data: " + data + b"\n\n")
+                else:
+                    events = self._events(chunk, continuing=continuing)
+                    if events:
+                        out.append(events)
+            if not out:
+                return
+            body = b"".join(out)
+        self.events.append(body)
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+
+    def _as_sent(self, chunk: dict[str, Any]) -> bool:
+        """Whether the client is to see ``chunk`` exactly as the provider sent it, as nearly
+        every chunk of an answer is (its text is added to :attr:`text` then): one choice, no
+        finish reason, no tool call, no usage, the stream's id and model, and text the output
+        filter leaves as it is. Anything else is relabelled, cleaned or counted by
+        :meth:`chunk`."""
+        choices = chunk.get("choices")
+        if (
+            type(choices) is not list
+            or len(choices) != 1
+            or chunk.get("usage")
+            or chunk.get("id") != self.chunk_id
+            or chunk.get("model") != self.model
+        ):
+            return False
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason"):
+            return False
+        delta = choice.get("delta")
+        if type(delta) is not dict or delta.get("tool_calls"):
+            return False
+        text = delta.get("content")
+        if text:
+            if type(text) is not str or self.clean(text) != text:
+                return False
+            self.text += text
+        return True
+
+    def _events(self, chunk: dict[str, Any], *, continuing: bool) -> bytes | None:
+        """What the client is to receive for one provider chunk (None: nothing), its text,
+        finish reason, tool call and usage noted."""
         self._relabel(chunk, continuing=continuing)
         added = content_of(chunk)
         finish = finish_of(chunk)
         if continuing and not added and not finish and not chunk.get("usage"):
-            return  # a rescuer's opening role chunk: the client already has one
+            return None  # a rescuer's opening role chunk: the client already has one
         self.text += added
         self.finish_reason = finish or self.finish_reason
         self.tool_call_sent = self.tool_call_sent or _has_tool_call(chunk)
         if chunk.get("usage"):
             shown = self._usage_shown(chunk)
             if shown is None:
-                return
+                return None
             chunk = shown
         if self.shape is None:
-            await self._write(sse(orjson.dumps(chunk)))
-            return
-        events = self.shape.chunk(chunk)
-        if events:
-            await self._write(events)
+            return sse(orjson.dumps(chunk))
+        return self.shape.chunk(chunk) or None
 
     def _usage_shown(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
         """A chunk with usage as the client is to see it (its earlier parts' tokens added),
