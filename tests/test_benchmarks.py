@@ -29,8 +29,9 @@ def test_opcodes_counts_tidegates_own_path_by_module() -> None:
 
 
 def test_overload_verdicts_from_the_loads() -> None:
-    """benchmarks/overload.py's pure helpers: CPU per refusal less the served requests' share,
-    and one MET/MISSED verdict per target."""
+    """benchmarks/overload.py's pure helpers: CPU per refusal less the served requests' share
+    (the estimate), or less the idle CPU with nothing served (the verdict's), and one MET/MISSED
+    verdict per target and load."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import overload
@@ -42,8 +43,22 @@ def test_overload_verdicts_from_the_loads() -> None:
     assert round(ten.cpu_us_per_refusal(0.001), 6) == 30.0
     assert ten.shed_share == 0.9
     assert hundred.served_rps == 39.0
-    verdicts = overload.summarise(capacity, {"10x": ten, "100x": hundred}, rss_growth_mib=2.0)
-    assert [met for met, _ in verdicts] == [False, True, False, True]
+    # Refusals alone: 10 s with 1 ms/s of idle CPU, against the minimal server's.
+    alone_ten = overload.LoadResult(10.0, 0, 3_000, 0.2, 0.9, cpu_s=0.01 + 3_000 * 40e-6)
+    alone_hundred = overload.LoadResult(10.0, 0, 30_000, 0.3, 1.5, cpu_s=0.01 + 30_000 * 55e-6)
+    floor = overload.LoadResult(10.0, 0, 30_000, 0.1, 0.5, cpu_s=30_000 * 10e-6)
+    costs = {
+        "10x": overload.RefusalCost(alone_ten, 0.001, floor),
+        "100x": overload.RefusalCost(alone_hundred, 0.001, floor),
+    }
+    assert round(costs["10x"].tidegate_us, 6) == 40.0
+    assert round(costs["100x"].floor_us, 6) == 10.0
+    verdicts = overload.summarise(
+        capacity, {"10x": ten, "100x": hundred}, costs, rss_growth_mib=2.0
+    )
+    assert [met for met, _ in verdicts] == [False, True, True, False, True]
     assert "6.00 ms" in verdicts[0][1]
     assert "97.5%" in verdicts[1][1]
-    assert "60.0 µs" in verdicts[2][1]
+    assert "at 10x: 40.0 µs" in verdicts[2][1]
+    assert "at 100x: 55.0 µs" in verdicts[3][1]
+    assert "10.0 µs" in verdicts[3][1]  # the minimal server's, beside it

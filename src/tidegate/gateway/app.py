@@ -31,7 +31,7 @@ from tidegate.gateway.admin_server import AdminApp, moved_to_admin
 from tidegate.gateway.auth import KeyRing
 from tidegate.gateway.canary import take_step
 from tidegate.gateway.config import Config, resolve
-from tidegate.gateway.door import AdmissionDoor, admission_paths, render_shed
+from tidegate.gateway.door import AdmissionDoor, ShedCounter, admission_paths, render_shed
 from tidegate.gateway.flags import refresh_flags
 from tidegate.gateway.http import (
     ClientDisconnected,
@@ -60,8 +60,6 @@ from tidegate.gateway.pipeline.messages import ANTHROPIC
 from tidegate.gateway.pipeline.spans import request_attributes, request_outcome, skips
 from tidegate.gateway.protocol import (
     ADMIN_STATE_KEY,
-    ADMISSION_FULL,
-    OPEN_REQUESTS,
     STATE_KEY,
     ConnectionLimits,
     Door,
@@ -87,8 +85,6 @@ log = structlog.get_logger("tidegate")
 POST_ROUTES: dict[str, Handler] = ENDPOINTS
 #: How often each replica reloads the shared flags: a kill switch reaches all within a second.
 FLAG_REFRESH_S = 0.25
-#: The door's refusals are logged in one line a second at most, with how many there were.
-SHED_LOG_EVERY_S = 1.0
 #: Eval-gate verdicts change rarely: reload them every 20 flag rounds (5 s).
 VERDICT_REFRESH_ROUNDS = 20
 
@@ -158,10 +154,8 @@ class Gateway:
             p: (Gateway.not_here if p in moved else h) for p, h in GET_ROUTES.items()
         }
         self._shared_metrics: SharedMetrics | None = None
-        #: Requests refused at the door since its last log line, by reason, and when the next
-        #: line may be.
-        self._shed_unlogged = {OPEN_REQUESTS: 0, ADMISSION_FULL: 0}
-        self._shed_log_at = 0.0
+        #: Counts the door's refusals (made with the door, once the runtime is built).
+        self._shed_counter: ShedCounter | None = None
 
     # ------------------------------------------------------------------ lifespan
 
@@ -190,8 +184,8 @@ class Gateway:
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         self._watches.close()
-        if any(self._shed_unlogged.values()):
-            self._log_shed()
+        if self._shed_counter is not None:
+            self._shed_counter.flush()
         for task in (self._refresher, self._controller):
             if task is not None:
                 task.cancel()
@@ -316,37 +310,9 @@ class Gateway:
         paths = admission_paths(self._endpoints.items())
         full = AdmissionDoor(rt, paths) if paths else None
         openai, messages = render_shed(OPENAI, error), render_shed(ANTHROPIC, error)
-        return Door(limit, openai, messages, self._count_shed, full)
-
-    def _count_shed(self, reason: str, klass: str) -> None:
-        """A request refused at the door: counted as the app counts a refusal (no route; the
-        class when admission refused it, and admission counts it too), and logged in one
-        aggregated line a second at most (the first at once)."""
-        rt = self.runtime
-        assert rt is not None, "the door is opened once the runtime is built"
-        if reason == ADMISSION_FULL:
-            rt.admission.controller.count_shed(klass)
-        metrics = rt.metrics
-        metrics.requests.labels("-", "-", "-", QueueFull.code).inc()
-        metrics.refusals.labels(klass, QueueFull.code).inc()
-        self._shed_unlogged[reason] += 1
-        if rt.clock.now() >= self._shed_log_at:
-            self._log_shed()
-
-    def _log_shed(self) -> None:
-        rt = self.runtime
-        assert rt is not None
-        unlogged = self._shed_unlogged
-        log.warning(
-            "requests_shed_at_door",
-            refused=sum(unlogged.values()),
-            **unlogged,
-            outcome=QueueFull.code,
-            status=503,
-            max_open_requests=self.door_limit,
-        )
-        self._shed_unlogged = dict.fromkeys(unlogged, 0)
-        self._shed_log_at = rt.clock.now() + SHED_LOG_EVERY_S
+        if self._shed_counter is None:
+            self._shed_counter = ShedCounter(rt, limit)
+        return Door(limit, openai, messages, self._shed_counter, full)
 
     @property
     def door_limit(self) -> int:

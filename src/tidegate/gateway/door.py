@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from typing import Final
 
 import orjson
+import structlog
 
 from tidegate.errors import QueueFull, TidegateError
 from tidegate.gateway.http import request_headers
@@ -38,11 +39,23 @@ from tidegate.gateway.pipeline.admission import PRIORITY_HEADER
 from tidegate.gateway.pipeline.dialect import Dialect, render_error
 from tidegate.gateway.pipeline.idempotency import HEADER as IDEMPOTENCY_HEADER
 from tidegate.gateway.pipeline.identify import identify
-from tidegate.gateway.protocol import Shed
+from tidegate.gateway.protocol import ADMISSION_FULL, OPEN_REQUESTS, Shed
 from tidegate.gateway.runtime import Runtime
 from tidegate.policy.flags import KillSwitchMode, check_answering
 
-__all__ = ["MAX_HINT_S", "AdmissionDoor", "admission_paths", "render_shed"]
+__all__ = [
+    "MAX_HINT_S",
+    "SHED_LOG_EVERY_S",
+    "AdmissionDoor",
+    "ShedCounter",
+    "admission_paths",
+    "render_shed",
+]
+
+log = structlog.get_logger("tidegate")
+
+#: The door's refusals are logged in one line a second at most, with how many there were.
+SHED_LOG_EVERY_S = 1.0
 
 #: The largest ``Retry-After`` the door renders for full admission (a longer hint says this):
 #: one rendering is kept per whole second and dialect, so what the door keeps stays bounded.
@@ -118,3 +131,48 @@ class AdmissionDoor:
             )
             shed = self._sheds[(dialect.name, seconds)] = render_shed(dialect, error)
         return shed
+
+
+class ShedCounter:
+    """Counts the door's refusals (``Door.counted``): in the metrics as the app counts a refusal
+    (route ``-``; the caller's class, or ``-`` past the open-requests limit), by admission too
+    when it was full, and in one aggregated ``requests_shed_at_door`` warning a second at most
+    (the first at once; :meth:`flush` writes the rest at shutdown)."""
+
+    __slots__ = ("_clock", "_controller", "_limit", "_log_at", "_refusals", "_requests", "unlogged")
+
+    def __init__(self, rt: Runtime, limit: int) -> None:
+        self._clock = rt.clock
+        self._controller = rt.admission.controller
+        self._limit = limit
+        self._requests = rt.metrics.requests.labels("-", "-", "-", QueueFull.code)
+        self._refusals = rt.metrics.refusals
+        #: Refusals since the last line, by reason.
+        self.unlogged = {OPEN_REQUESTS: 0, ADMISSION_FULL: 0}
+        self._log_at = 0.0
+
+    def __call__(self, reason: str, klass: str) -> None:
+        if reason == ADMISSION_FULL:
+            self._controller.count_shed(klass)
+        self._requests.inc()
+        self._refusals.labels(klass, QueueFull.code).inc()
+        self.unlogged[reason] += 1
+        if self._clock.now() >= self._log_at:
+            self.flush()
+
+    def flush(self) -> None:
+        """The aggregated line, if anything was refused since the last one."""
+        unlogged = self.unlogged
+        refused = sum(unlogged.values())
+        if not refused:
+            return
+        log.warning(
+            "requests_shed_at_door",
+            refused=refused,
+            **unlogged,
+            outcome=QueueFull.code,
+            status=503,
+            max_open_requests=self._limit,
+        )
+        self.unlogged = dict.fromkeys(unlogged, 0)
+        self._log_at = self._clock.now() + SHED_LOG_EVERY_S

@@ -193,6 +193,21 @@ _MESSAGES_PATH = b"/v1/messages"
 _MESSAGES_END = (b"", b"?", b"/")
 
 
+#: uvicorn's default headers (the date, once a second) rendered, and the list they came from.
+_rendered_defaults: list[Any] = [None, b""]
+
+
+def _defaults(state: ServerState) -> bytes:
+    """``state.default_headers`` as header lines; uvicorn replaces the list once a second (the
+    date), so they are rendered once per list."""
+    headers = state.default_headers
+    if _rendered_defaults[0] is not headers:
+        lines = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+        _rendered_defaults[:] = [headers, lines]
+    rendered: bytes = _rendered_defaults[1]
+    return rendered
+
+
 def _printable(value: bytes) -> bool:
     """A caller's ``X-Request-ID`` the app would keep: 1-128 printable characters."""
     return 0 < len(value) <= 128 and value.decode("latin-1").isprintable()
@@ -345,32 +360,34 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _at_door(self, door: Door) -> bool:
         """Whether the request was answered at the door: one over the open-requests limit, or
-        one admission would refuse (asked only once no request can start at once)."""
-        if len(self.tasks) >= door.limit:
-            return self._shed(door, False)
+        one admission would refuse (asked only once no request can start at once); not another
+        method or path, an upgrade, or one behind an answer still being written."""
+        over = len(self.tasks) >= door.limit
         full = door.full
-        return full is not None and not full.has_room() and self._shed(door, True)
-
-    def _shed(self, door: Door, admission: bool) -> bool:
-        """Answer a model request at the door, now (before its body); False: not one to shed
-        here (another method or path, an upgrade, an answer still being written before it; for
-        admission, one it would admit, or that the app is to answer)."""
-        if not self._sheddable():
+        if not over and (full is None or full.has_room()):
             return False
-        url = self.url
-        if admission:
-            full = door.full
-            assert full is not None
-            refused = full.refusal(url.partition(b"?")[0], self.headers)
-            if refused is None:
-                return False
-            (shed, klass), reason = refused, ADMISSION_FULL
-        else:
+        cycle: RequestResponseCycle | None = self.cycle
+        url, parser = self.url, self.parser
+        if (
+            not url.startswith(b"/v1/")
+            or parser.get_method() != b"POST"
+            or (cycle is not None and not cycle.response_complete)
+            or self.pipeline
+            or parser.should_upgrade()
+        ):
+            return False
+        if over:
             messages = url.startswith(_MESSAGES_PATH) and url[12:13] in _MESSAGES_END
             shed, klass, reason = (door.messages if messages else door.openai), "-", OPEN_REQUESTS
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        else:
+            assert full is not None
+            refused = full.refusal(url.partition(b"?")[0], self.headers)
+            if refused is None:  # one admission would let in, or the app is to answer
+                return False
+            (shed, klass), reason = refused, ADMISSION_FULL
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         self.cycle = _SHED_CYCLE
-        self.transport.write(self._shed_answer(shed))
+        self.transport.write(self._shed_answer(shed, keep_alive))
         if not keep_alive:
             self._cancel_timer()
             self.transport.close()
@@ -378,32 +395,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             door.counted(reason, klass)
         return True
 
-    def _sheddable(self) -> bool:
-        cycle: RequestResponseCycle | None = self.cycle
-        return (
-            self.url.startswith(b"/v1/")
-            and self.parser.get_method() == b"POST"
-            and (cycle is None or cycle.response_complete)
-            and not self.pipeline
-            and not self.parser.should_upgrade()
-        )
-
-    def _shed_answer(self, shed: Shed) -> bytes:
-        request_id = b""
-        for name, value in self.headers:  # the last one, as the app's header mapping keeps
-            if name == b"x-request-id":
-                request_id = value
+    def _shed_answer(self, shed: Shed, keep_alive: bool) -> bytes:
+        # The last X-Request-ID, as the app's header mapping keeps it.
+        request_id = dict(self.headers).get(b"x-request-id", b"")
         if not _printable(request_id):
             request_id = new_id().encode("ascii")
-        content = [shed.head]
-        for name, value in self.server_state.default_headers:
-            content += [name, b": ", value, b"\r\n"]
-        content += [b"x-request-id: ", request_id, b"\r\n"]
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        if not keep_alive:
-            content.append(b"connection: close\r\n")
-        content += [b"\r\n", shed.body]
-        return b"".join(content)
+        close = b"\r\n" if keep_alive else b"connection: close\r\n\r\n"
+        defaults = _defaults(self.server_state)
+        return b"".join(
+            (shed.head, defaults, b"x-request-id: ", request_id, b"\r\n", close, shed.body)
+        )
 
     # ------------------------------------------------------------------ limits
 
