@@ -366,25 +366,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         full = door.full
         if not over and (full is None or full.has_room()):
             return False
-        cycle: RequestResponseCycle | None = self.cycle
-        url, parser = self.url, self.parser
-        if (
-            not url.startswith(b"/v1/")
-            or parser.get_method() != b"POST"
-            or (cycle is not None and not cycle.response_complete)
-            or self.pipeline
-            or parser.should_upgrade()
-        ):
+        answer = self._door_answer(door, over) if self._sheddable() else None
+        if answer is None:
             return False
-        if over:
-            messages = url.startswith(_MESSAGES_PATH) and url[12:13] in _MESSAGES_END
-            shed, klass, reason = (door.messages if messages else door.openai), "-", OPEN_REQUESTS
-        else:
-            assert full is not None
-            refused = full.refusal(url.partition(b"?")[0], self.headers)
-            if refused is None:  # one admission would let in, or the app is to answer
-                return False
-            (shed, klass), reason = refused, ADMISSION_FULL
+        shed, klass, reason = answer
+        parser = self.parser
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         self.cycle = _SHED_CYCLE
         self.transport.write(self._shed_answer(shed, keep_alive))
@@ -394,6 +380,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if door.counted is not None:
             door.counted(reason, klass)
         return True
+
+    def _sheddable(self) -> bool:
+        cycle: RequestResponseCycle | None = self.cycle
+        parser = self.parser
+        return (
+            self.url.startswith(b"/v1/")
+            and parser.get_method() == b"POST"
+            and (cycle is None or cycle.response_complete)
+            and not self.pipeline
+            and not parser.should_upgrade()
+        )
+
+    def _door_answer(self, door: Door, over: bool) -> tuple[Shed, str, str] | None:
+        """What the door answers, the caller's class and why; None: the app is to answer (one
+        admission would let in, or one that is not for the door to decide)."""
+        url = self.url
+        if over:
+            messages = url.startswith(_MESSAGES_PATH) and url[12:13] in _MESSAGES_END
+            return (door.messages if messages else door.openai), "-", OPEN_REQUESTS
+        assert door.full is not None
+        refused = door.full.refusal(url.partition(b"?")[0], self.headers)
+        return None if refused is None else (*refused, ADMISSION_FULL)
 
     def _shed_answer(self, shed: Shed, keep_alive: bool) -> bytes:
         # The last X-Request-ID, as the app's header mapping keeps it.
