@@ -13,9 +13,12 @@ Run: ``python benchmarks/lab.py`` (part of ``make bench``).
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 import sys
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any
 
 import simpy
@@ -35,6 +38,25 @@ ROUNDS = 3
 TARGET_RATIO = 10.0
 
 CLOCK = SystemClock()
+
+#: The planner run whose wall time is reported: 10 replications on every core.
+PLAN_ARGS: tuple[str, ...] = ("lab", "plan", "--peak", "40", "--spike", "1.5", "--slots", "8")
+PLAN_ARGS += ("--waiting", "0", "--replications", "10", "--json")
+
+
+def plan_wall_time() -> float:
+    """Seconds of wall time ``tidegate lab plan`` takes with 10 replications on every core, in
+    this build (the same ``PYTHONPATH``)."""
+    tidegate = Path(sys.executable).parent / "tidegate"
+    started = CLOCK.now()
+    subprocess.run(
+        [str(tidegate), *PLAN_ARGS],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env=os.environ.copy(),
+        timeout=600,
+    )
+    return CLOCK.now() - started
 
 
 def lab_round(seed: int) -> tuple[int, float]:
@@ -109,6 +131,9 @@ def main() -> int:
     print(f"{'Erlang C':<50} {'':>12} {expected:>12.4f}")
     verdict = "met" if ratio >= TARGET_RATIO else "not met"
     print(f"ratio lab / SimPy: {ratio:.2f}x (target {TARGET_RATIO:g}x: {verdict})")
+    wall = plan_wall_time()
+    cores = os.cpu_count() or 1
+    print(f"tidegate {' '.join(PLAN_ARGS)}: {wall:.1f} s wall on {cores} cores ({build})")
     return 0
 
 
