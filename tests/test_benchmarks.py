@@ -62,3 +62,32 @@ def test_overload_verdicts_from_the_loads() -> None:
     assert "at 10x: 40.0 µs" in verdicts[2][1]
     assert "at 100x: 55.0 µs" in verdicts[3][1]
     assert "10.0 µs" in verdicts[3][1]  # the minimal server's, beside it
+
+
+def test_relay_counts_events_and_judges_cpu_per_chunk() -> None:
+    """benchmarks/relay.py's pure helpers: a chunked answer's ``data:`` events and whether it was
+    a complete 200 stream, CPU per chunk, and the MET/MISSED verdict at the 1.3x target."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import relay
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    body = b'data: {"a":1}\n\ndata: {"a":2}\n\ndata: [DONE]\n\n'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + body
+    assert relay._events(answer) == (2, True)
+    assert relay._events(answer.replace(b"data: [DONE]", b"data: {}")) == (3, False)
+    assert relay._events(b"HTTP/1.1 503 Service Unavailable\r\n\r\n{}") == (0, False)
+    minimal = relay.Totals(streams=10, chunks=2_000, cpu_s=0.04)
+    assert round(minimal.cpu_us_per_chunk, 6) == 20.0
+    assert relay.Totals().cpu_us_per_chunk == 0.0
+    met, line = relay.verdict(minimal, relay.Totals(10, 2_000, 0.052))
+    assert met
+    assert "1.30x" in line
+    met, line = relay.verdict(minimal, relay.Totals(10, 2_000, 0.074))
+    assert not met
+    assert "1.85x" in line
+    assert relay.verdict(relay.Totals(), minimal)[0] is False
+    request = relay.request_bytes("sk-test")
+    head, _, payload = request.partition(b"\r\n\r\n")
+    assert b"Authorization: Bearer sk-test" in head
+    assert f"Content-Length: {len(payload)}".encode() in head

@@ -75,6 +75,26 @@ async def _send_last(send: Send, message: MutableMapping[str, Any], watch: _Watc
     watch.responded = True
 
 
+class _TrackedSend:
+    """``send``, noting on ``watch`` when the response starts and when its last message went
+    out. A body message with more to come is sent on unchanged: a stream's writer takes
+    :attr:`body_send` for those, a call less a chunk."""
+
+    __slots__ = ("body_send", "watch")
+
+    def __init__(self, send: Send, watch: _Watch) -> None:
+        self.body_send = send
+        self.watch = watch
+
+    def __call__(self, message: MutableMapping[str, Any]) -> Awaitable[None]:
+        if message["type"] == "http.response.body":
+            if not message.get("more_body"):
+                return _send_last(self.body_send, message, self.watch)
+        else:
+            self.watch.started = True
+        return self.body_send(message)
+
+
 class DisconnectWatches:
     """The requests in flight, and a timer that gives each a watcher once it has run a while.
 
@@ -153,14 +173,7 @@ class DisconnectWatches:
         ex.task = this
         watch = _Watch(this, ex, receive, loop.time())
 
-        def tracked_send(message: MutableMapping[str, Any]) -> Awaitable[None]:
-            if message["type"] == "http.response.body":
-                if not message.get("more_body"):
-                    return _send_last(send, message, watch)
-            else:
-                watch.started = True
-            return send(message)
-
+        tracked_send = _TrackedSend(send, watch)
         self.add(watch)
         try:
             await answer(tracked_send)

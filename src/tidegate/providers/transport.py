@@ -405,22 +405,26 @@ async def stream_reads(
             if response.status >= 300 or not content_type.startswith("text/event-stream"):
                 body = await response.read()
                 raise error_for(HTTPAnswer(response.status, response.headers, body))
-        content = response.content
+        content, read, now = response.content, watchdog.read, loop.time
+        stall_s = math.inf if chunk_timeout is None else chunk_timeout
         while True:
-            data = await watchdog.read(content, deadline)
-            items = decode(data) if data else end()
+            data = await read(content, deadline)
+            if data:
+                items = decode(data)
+                if items:
+                    yield items
+                    # The stall limit from here, the reason named only if it is reached.
+                    deadline = min(now() + stall_s, total_deadline)
+                    reason = ""
+                continue
+            items = end()
             if items:
                 yield items
-                stall = math.inf if chunk_timeout is None else loop.time() + chunk_timeout
-                deadline, reason = (
-                    (stall, stall_reason)
-                    if stall < total_deadline
-                    else (total_deadline, total_reason)
-                )
-            if not data:
-                response.release()  # the body is complete: the connection may be reused
-                return
+            response.release()  # the body is complete: the connection may be reused
+            return
     except Exception as exc:
+        if not reason:
+            reason = total_reason if deadline == total_deadline else stall_reason
         error = exception_to_error(
             exc, provider=provider, timeout_message=reason, redactor=redactor
         )

@@ -103,6 +103,7 @@ async def stream_answer(request: Request) -> None:
         clean=rt.output_filter.clean,
         shape=None if shape is None else shape(),
         authors=[(opened.spec.name, 0)],
+        plain_is_clean=not rt.output_filter.patterns,
     )
     await writer.start(ex.answer_headers())
     ex.first_token_s = rt.clock.now() - started

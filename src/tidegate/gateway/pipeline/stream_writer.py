@@ -3,6 +3,7 @@ text, the finish reason, the usage, the transcript an idempotency key replays)."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,10 @@ from tidegate.gateway.pipeline.answer import sse
 from tidegate.gateway.pipeline.dialect import StreamShape
 from tidegate.providers.base import RawChunks
 
-__all__ = ["StreamWriter", "content_of", "finish_of"]
+__all__ = ["StreamWriter", "Template", "content_of", "finish_of"]
+
+#: A content chunk's bytes before and after its text, and where its text begins.
+Template = tuple[bytes, bytes, int]
 
 
 def content_of(chunk: dict[str, Any]) -> str:
@@ -56,6 +60,15 @@ class StreamWriter:
     carried: dict[str, int] | None = None
     #: Part of a tool call went out: a rescue could not make it whole (see stream.py).
     tool_call_sent: bool = False
+    #: ``clean`` leaves printable ASCII as it is (no deny patterns): such text needs no call.
+    plain_is_clean: bool = False
+    #: A content chunk's bytes around its text (:func:`_template`), once one has been seen.
+    template: Template | None = field(default=None, repr=False)
+    #: Where a body message that is not the last goes: ``send``'s ``body_send`` if it has one.
+    _body: Send = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._body = getattr(self.send, "body_send", self.send)
 
     async def start(self, headers: list[tuple[str, str]]) -> None:
         await start_stream(self.send, headers)
@@ -75,12 +88,12 @@ class StreamWriter:
         provider sent it (:meth:`_as_sent`) goes on as its bytes, unparsed again; any other as
         :meth:`chunk` makes it."""
         chunks, raw = run
-        if len(chunks) == 1 and not continuing and self._as_sent(chunks[0]):
+        if len(chunks) == 1 and not continuing and self._as_sent_fast(chunks[0], raw[0]):
             body = b"data: " + raw[0] + b"\n\n"  # a read of one chunk, as a paced stream's are
         else:
             out: list[bytes] = []
             for chunk, data in zip(chunks, raw, strict=True):
-                if not continuing and self._as_sent(chunk):
+                if not continuing and self._as_sent_fast(chunk, data):
                     out.append(b"data: " + data + b"\n\n")
                 else:
                     events = self._events(chunk, continuing=continuing)
@@ -90,9 +103,29 @@ class StreamWriter:
                 return
             body = b"".join(out)
         self.events.append(body)
-        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        await self._body({"type": "http.response.body", "body": body, "more_body": True})
 
-    def _as_sent(self, chunk: dict[str, Any]) -> bool:
+    def _as_sent_fast(self, chunk: dict[str, Any], data: bytes) -> bool:
+        """:meth:`_as_sent` for a chunk in the shape of the stream's content chunks (its bytes
+        those of :attr:`template` around a plain text): only its text is looked at."""
+        if self.template is None:
+            return self._as_sent(chunk, data)
+        head, tail, start = self.template
+        end = len(data) - len(tail)
+        if not (
+            end >= start
+            and data.startswith(head)
+            and data.endswith(tail)
+            and _PLAIN.fullmatch(data, start, end)
+        ):
+            return self._as_sent(chunk, data)
+        text = data[start:end].decode("ascii")  # printable, no quote or escape: itself
+        if not self.plain_is_clean and self.clean(text) != text:
+            return False
+        self.text += text
+        return True
+
+    def _as_sent(self, chunk: dict[str, Any], data: bytes = b"") -> bool:
         """Whether the client is to see ``chunk`` exactly as the provider sent it, as nearly
         every chunk of an answer is (its text is added to :attr:`text` then): one choice, no
         finish reason, no tool call, no usage, the stream's id and model, and text the output
@@ -118,6 +151,8 @@ class StreamWriter:
             if type(text) is not str or self.clean(text) != text:
                 return False
             self.text += text
+            if self.template is None and data:
+                self.template = _template(chunk, data, text)
         return True
 
     def _events(self, chunk: dict[str, Any], *, continuing: bool) -> bytes | None:
@@ -224,6 +259,46 @@ class StreamWriter:
 
     def transcript(self) -> bytes:
         return b"".join(self.events)
+
+
+#: A plain text in a JSON string: printable ASCII but for the quote and the backslash (so no
+#: escape), and no DEL, which ``clean`` strips.
+_PLAIN = re.compile(rb"[ !#-\[\]-~]*")
+
+
+def _template(chunk: dict[str, Any], data: bytes, text: str) -> Template | None:
+    """The bytes of ``data`` (a chunk :meth:`StreamWriter._as_sent` passed, its text ``text``)
+    before and after its text, and where its text begins.
+
+    A chunk whose bytes are these around a plain text (:data:`_PLAIN`), and which decoded as a
+    JSON object, is this chunk with another text: the same single choice without finish reason
+    or tool call, no usage, the same id and model, since a plain text cannot end the string it
+    is in. The pattern is proved by decoding this chunk's bytes around another text. None when
+    the text is not plain or not found once.
+    """
+    encoded = text.encode()
+    if _PLAIN.fullmatch(encoded) is None:
+        return None
+    for key in (b'"content":"', b'"content": "'):
+        needle = key + encoded + b'"'
+        at = data.find(needle)
+        if at != -1 and data.count(needle) == 1:
+            head = data[: at + len(key)]
+            tail = data[at + len(key) + len(encoded) :]
+            if _proves(chunk, head + b"x" + tail):
+                return head, tail, len(head)
+    return None
+
+
+def _proves(chunk: dict[str, Any], probe: bytes) -> bool:
+    """Whether ``probe`` decodes as ``chunk`` with the text ``x``."""
+    try:
+        decoded = orjson.loads(probe)
+    except orjson.JSONDecodeError:
+        return False
+    expected = orjson.loads(orjson.dumps(chunk))
+    expected["choices"][0]["delta"]["content"] = "x"
+    return bool(decoded == expected)
 
 
 def _has_tool_call(chunk: dict[str, Any]) -> bool:
