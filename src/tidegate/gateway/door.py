@@ -19,8 +19,9 @@ only on the endpoints whose every answer takes an admission slot (chat, embeddin
 responses; not ``count_tokens``), only with the answer cache off (a hit is served without a
 slot), never a request with an ``Idempotency-Key`` (its stored answer is replayed without one),
 and only while the kill switch is at ``full`` (``degraded`` answers without a slot). A request
-that the app would have refused earlier in the order for its rate limit or budget hears
-``queue_full`` instead while its class is full (docs/errors.md).
+that the app would have refused for what only its body says (its JSON, its model, the key's
+right to it), or for its rate limit or budget, hears ``queue_full`` instead while its class is
+full (docs/errors.md).
 """
 
 from __future__ import annotations
