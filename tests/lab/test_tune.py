@@ -319,3 +319,21 @@ def test_a_dask_cluster_gives_the_pools_result(bad: Path) -> None:
     ):
         clustered = tune(start, SHORT, options, tune_module.DaskBackend(client)).as_dict()
     assert clustered == pooled
+
+
+def test_what_a_dask_task_carries_survives_a_pickle_in_either_build() -> None:
+    """The compiled build's frozen classes (admission options, distributions, traces) cannot be
+    unpickled; a task's spec and result travel as their fields and are built again."""
+    import pickle
+
+    from tidegate.lab.workload import Exponential, Trace, TraceRecord
+    from tidegate.policy.admission import AdmissionOptions
+
+    options = AdmissionOptions(
+        classes=("critical", "standard"), queue_cap={"critical": 2, "standard": 4}
+    )
+    record = TraceRecord(at=0.5, latency=1.25, outcome="ok")
+    spec = {"options": options, "io": Exponential(mean=0.8), "trace": Trace(records=(record,))}
+    spec_list = [spec, (1, 2.0)]
+    carried = pickle.loads(pickle.dumps(tune_module._plain(spec_list)))
+    assert tune_module._built(carried) == spec_list

@@ -749,8 +749,56 @@ class DaskBackend:
         self, function: Callable[[Any, int], Any], spec: Any, seed: int, replications: int
     ) -> list[Any]:
         seeds = [replication_seed(seed, i) for i in range(replications)]
-        futures = self.client.map(function, [spec] * replications, seeds, pure=False)
-        return list(self.client.gather(futures))
+        packed = [(function, _plain(spec))] * replications
+        futures = self.client.map(_run_plain, packed, seeds, pure=False)
+        return [_built(result) for result in self.client.gather(futures)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rebuild:
+    """A dataclass instance as its class and its fields, for pickling: the compiled build's
+    frozen classes (the admission options, the lab's distributions and traces) cannot be
+    unpickled, their fields can."""
+
+    cls: type
+    fields: dict[str, Any]
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every dataclass instance in it replaced by a :class:`_Rebuild`."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {
+            one.name: _plain(getattr(value, one.name))
+            for one in dataclasses.fields(value)
+            if one.init
+        }
+        return _Rebuild(type(value), fields)
+    if type(value) is tuple:
+        return tuple(_plain(item) for item in value)
+    if type(value) is list:
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def _built(value: Any) -> Any:
+    """What :func:`_plain` was given, built again."""
+    if isinstance(value, _Rebuild):
+        return value.cls(**{name: _built(item) for name, item in value.fields.items()})
+    if type(value) is tuple:
+        return tuple(_built(item) for item in value)
+    if type(value) is list:
+        return [_built(item) for item in value]
+    if type(value) is dict:
+        return {key: _built(item) for key, item in value.items()}
+    return value
+
+
+def _run_plain(packed: tuple[Callable[[Any, int], Any], Any], seed: int) -> Any:
+    """One replication on a Dask worker, its spec and its result carried by :func:`_plain`."""
+    function, spec = packed
+    return _plain(function(_built(spec), seed))
 
 
 def _distributed() -> Any:
