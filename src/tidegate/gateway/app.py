@@ -58,12 +58,7 @@ from tidegate.gateway.pipeline import (
 from tidegate.gateway.pipeline.dialect import OPENAI, send_dialect_error
 from tidegate.gateway.pipeline.messages import ANTHROPIC
 from tidegate.gateway.pipeline.spans import request_attributes, request_outcome, skips
-from tidegate.gateway.protocol import (
-    ADMIN_STATE_KEY,
-    STATE_KEY,
-    ConnectionLimits,
-    Door,
-)
+from tidegate.gateway.protocol import ADMIN_STATE_KEY, STATE_KEY, ConnectionLimits, Door
 from tidegate.gateway.runtime import (
     Overrides,
     Runtime,
