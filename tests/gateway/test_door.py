@@ -147,6 +147,19 @@ async def test_a_closing_request_is_answered_and_closed(door: Any) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_request_refused_while_the_server_drains_is_its_connections_last(
+    door: Any,
+) -> None:
+    protocol, transport, _ = await _connection(door, limit=0)
+    protocol.shutdown()  # uvicorn's graceful shutdown began, between requests
+    protocol.data_received(_request("/v1/chat/completions"))
+    ((status, headers, _),) = _answers(transport.written)
+    assert status == 503
+    assert headers["connection"] == "close"
+    assert transport.closed
+
+
+@pytest.mark.asyncio
 async def test_the_default_limit_is_twice_the_admission_places(door: Any) -> None:
     admission = door.config.admission
     assert door.door_limit == 2 * (admission.slots + admission.queue_cap)

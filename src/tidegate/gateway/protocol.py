@@ -371,7 +371,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return False
         shed, klass, reason = answer
         parser = self.parser
-        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        keep_alive = (  # a connection being drained closes after this answer, as after any
+            not self._draining and parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        )
         self.cycle = _SHED_CYCLE
         self.transport.write(self._shed_answer(shed, keep_alive))
         if not keep_alive:
