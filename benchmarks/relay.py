@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import aiohttp
 import yaml
 from rich.console import Console
 from rich.table import Table
@@ -54,18 +53,13 @@ TARGET_RATIO = 1.3
 # --------------------------------------------------------------------------- the minimal relay
 
 
-class MinimalRelay:
-    """The baseline: forward the POST upstream, send its body on as it comes. Nothing else."""
-
-    def __init__(self, upstream_url: str) -> None:
-        self.url = upstream_url
-        self.session: aiohttp.ClientSession | None = None
+class MinimalRelay(gw.PassThrough):
+    """The baseline: ``gateway.py``'s pass-through (its session and lifespan), sending the
+    upstream's body on as it comes. Nothing else."""
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            await super().__call__(scope, receive, send)  # the lifespan, as the pass-through's
             return
         assert self.session is not None, "a request arrived before the lifespan start-up"
         chunks = []
@@ -88,21 +82,6 @@ class MinimalRelay:
             async for data in response.content.iter_any():
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
-
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self.session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=0),
-                    timeout=aiohttp.ClientTimeout(total=None),
-                )
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self.session is not None:
-                    await self.session.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
 
 def serve_minimal(port: int, upstream_url: str) -> None:
