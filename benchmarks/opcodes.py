@@ -44,6 +44,7 @@ import gateway as gw  # the pipeline and the key of benchmarks/gateway.py (run f
 import tidegate.gateway.app as gateway_app
 import tidegate.gateway.watch as gateway_watch
 from tidegate.gateway.config import load_config
+from tidegate.gateway.protocol import STATE_KEY, ConnectionLimits, GuardedHttpToolsProtocol
 from tidegate.providers.base import JSONObject
 
 #: How much slower a request runs while traced (time-based settings are stretched by it).
@@ -174,6 +175,92 @@ async def measure(
     return counts, cpu_us
 
 
+class _Discard(asyncio.Transport):
+    """A connection's transport that keeps nothing but how many 503s were written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def write(self, data: Any) -> None:
+        self.refused += bytes(data).startswith(b"HTTP/1.1 503")
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 8080) if name in ("sockname", "peername") else default
+
+
+async def measure_door(
+    config_path: Path, key: str, *, warmup: int, requests: int
+) -> tuple[collections.Counter[OpcodeKey], float]:
+    """Bytecodes of ``requests`` model requests refused at the door (the key's class held full
+    in admission, as ``overload.py``'s refusals-only loads hold it), fed to the guarded protocol
+    of one kept-alive connection; and CPU microseconds per untraced refusal. No socket: what is
+    counted is the parser's callbacks and tidegate's decision, answer and counting."""
+    import uvicorn
+
+    config = load_config(config_path)
+    providers: dict[str, Any] = {name: FixedAnswer(name) for name in config.providers}
+    app = gateway_app.Gateway(config, config_path, providers=providers)
+    await app.startup()
+    try:
+        assert app.runtime is not None
+        controller = app.runtime.admission.controller
+        held = 0
+        while controller.saturated("standard") is None:  # the benchmark key's class
+            controller.offer(
+                request_id=f"held-{held}", klass="standard", tenant="held", deadline_at=None
+            )
+            held += 1
+        limits = ConnectionLimits.from_config(config.server, None, app.door())
+        server = uvicorn.Config(app=app, lifespan="off")
+        server.load()
+        protocol = GuardedHttpToolsProtocol(
+            server, uvicorn.server.ServerState(), {STATE_KEY: limits}
+        )
+        transport = _Discard()
+        protocol.connection_made(transport)
+        request = (
+            f"POST {gw.ROUTE} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: {len(BODY)}\r\n\r\n"
+        ).encode() + BODY
+        for _ in range(warmup):
+            protocol.data_received(request)
+        started = time.process_time()
+        for _ in range(requests):
+            protocol.data_received(request)
+        cpu_us = (time.process_time() - started) * 1e6 / requests
+        counts: collections.Counter[OpcodeKey] = collections.Counter()
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                code = frame.f_code
+                counts[(code.co_filename, code.co_firstlineno, code.co_qualname)] += 1
+            return local
+
+        def start(frame: FrameType, event: str, arg: Any) -> Any:
+            frame.f_trace_opcodes = True
+            return local
+
+        sys.settrace(start)
+        try:
+            for _ in range(requests):
+                protocol.data_received(request)
+        finally:
+            sys.settrace(None)
+        protocol.connection_lost(None)
+    finally:
+        await app.shutdown()
+    if transport.refused != warmup + 2 * requests:
+        raise gw.BenchError(f"{transport.refused} of {warmup + 2 * requests} were refused")
+    return counts, cpu_us
+
+
 def _where(filename: str) -> str:
     for marker in ("/src/", "/site-packages/"):
         if marker in filename:
@@ -184,7 +271,13 @@ def _where(filename: str) -> str:
 
 
 def report(
-    console: Console, counts: collections.Counter[OpcodeKey], requests: int, cpu_us: float, top: int
+    console: Console,
+    counts: collections.Counter[OpcodeKey],
+    requests: int,
+    cpu_us: float,
+    top: int,
+    *,
+    what: str = "request",
 ) -> None:
     driver = str(Path(__file__).resolve())
     counts = collections.Counter(
@@ -197,14 +290,15 @@ def report(
         where = _where(filename)
         modules[where] += n
         functions[f"{where}:{line} {name}" if line else f"{where} {name}"] += n
+    path = "tidegate's own path" if what == "request" else "a refusal at the door"
     console.print(
-        f"tidegate's own path: {total / requests:,.0f} bytecodes per request; "
-        f"{cpu_us:,.1f} CPU µs per request untraced (this machine, now)"
+        f"{path}: {total / requests:,.0f} bytecodes per {what}; "
+        f"{cpu_us:,.1f} CPU µs per {what} untraced (this machine, now)"
     )
     for title, rows in (("module", modules), ("function", functions)):
-        table = Table(title=f"bytecodes per request by {title}")
+        table = Table(title=f"bytecodes per {what} by {title}")
         table.add_column(title)
-        table.add_column("per request", justify="right")
+        table.add_column(f"per {what}", justify="right")
         table.add_column("share", justify="right")
         for name, n in rows.most_common(top if title == "function" else len(rows)):
             if title == "module" and n / total < 0.002:
@@ -218,6 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2000, help="requests before measuring")
     parser.add_argument("--requests", type=int, default=1000, help="requests measured")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument(
+        "--door",
+        action="store_true",
+        help="count a model request refused at the door (admission full) instead",
+    )
     args = parser.parse_args(argv)
     console = Console(width=max(Console().width, 110))
     workdir = Path(tempfile.mkdtemp(prefix="tidegate-opcodes-"))
@@ -228,18 +327,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = gw.write_keys(workdir)
         config_path = gw.tidegate_config(workdir, upstream_port=9, slowdown=SLOWDOWN)  # port unused
         with contextlib.redirect_stdout(nowhere):
-            counts, cpu_us = uvloop.run(
-                measure(
+            if args.door:
+                run = measure_door(config_path, key, warmup=args.warmup, requests=args.requests)
+            else:
+                run = measure(
                     config_path,
                     key,
                     warmup=args.warmup,
                     requests=args.requests,
                     slowdown=SLOWDOWN,
                 )
-            )
+            counts, cpu_us = uvloop.run(run)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report(console, counts, args.requests, cpu_us, args.top)
+    report(
+        console, counts, args.requests, cpu_us, args.top, what="refusal" if args.door else "request"
+    )
     return 0
 
 

@@ -28,6 +28,27 @@ def test_opcodes_counts_tidegates_own_path_by_module() -> None:
     assert "opcodes.py" not in out.split("by module", 1)[1]
 
 
+def test_opcodes_counts_a_refusal_at_the_door() -> None:
+    """``opcodes.py --door``: every request is refused at the door (the script fails otherwise),
+    and the count is the door's and the parser's, not the app's steps."""
+    done = subprocess.run(
+        [sys.executable, "opcodes.py", "--door", "--warmup", "20", "--requests", "20"],
+        cwd=BENCHMARKS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "bytecodes per refusal" in out
+    for module in ("tidegate/gateway/door.py", "tidegate/gateway/protocol.py"):
+        assert module in out
+    by_module = out.split("by module", 1)[1]
+    for app_only in ("tidegate/gateway/pipeline/steps.py", "tidegate/gateway/app.py"):
+        assert app_only not in by_module
+
+
 def test_overload_verdicts_from_the_loads() -> None:
     """benchmarks/overload.py's pure helpers: CPU per refusal less the served requests' share
     (the estimate), or less the idle CPU with nothing served (the verdict's), and one MET/MISSED
