@@ -9,6 +9,7 @@ a trace with the same classes and deadlines, and replay through the same config 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests.gateway.harness import KEY, LOW_KEY, fake, write_config
+from tidegate.clock import ManualClock
 from tidegate.gateway.app import Gateway
 from tidegate.gateway.config import load_config
 from tidegate.lab.replay import load_replay_config, replay_log
@@ -30,9 +32,16 @@ CONFIG: dict[str, Any] = {
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
 
+async def _never(seconds: float) -> None:
+    """The gateway's sleep: nothing here waits out a timer (the fake answers at once)."""
+    await asyncio.Event().wait()
+
+
 async def _logged(path: Path) -> list[dict[str, Any]]:
-    """The request log lines the gateway writes for the three callers."""
-    app = Gateway(load_config(path, env={}), path)
+    """The request log lines the gateway writes for the three callers, on a manual clock (the
+    deadline counts from the request's start, so a real clock's microseconds would show)."""
+    clock = ManualClock(0.0, wall_start=1_800_000_000.0)
+    app = Gateway(load_config(path, env={}), path, clock=clock, sleep=_never)
     lines: list[dict[str, Any]] = []
     await app.startup()
     app._log_request = lines.append
