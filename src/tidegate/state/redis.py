@@ -432,7 +432,7 @@ class RedisFlagChanges(FlagChangesIteration):
             # Wait for the confirmation: from then on, every change is delivered here.
             await self._db.run("subscribe", self._confirmed)
         except BaseException:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated before redis-py 8.2
             raise
         return self
 
@@ -450,7 +450,7 @@ class RedisFlagChanges(FlagChangesIteration):
         traceback: TracebackType | None,
     ) -> None:
         if self._pubsub is not None:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated before redis-py 8.2
             self._pubsub = None
 
     async def next(self, timeout_s: float) -> str | None:
