@@ -11,9 +11,12 @@ Three servers answer the same request, ``POST /v1/chat/completions``:
 * the **pass-through**: the smallest proxy the same stack can make (a raw ASGI app on uvicorn with
   uvloop and httptools, one shared aiohttp session) that forwards the body and returns the answer;
 * **tidegate** (``tidegate serve``) with its default pipeline on: API-key auth, per-user and
-  per-tenant rate limits, daily budgets, admission, the breaker and metrics, with SQLite state.
-  The limits are set high so nothing is refused, and the response cache is off so every request
-  goes upstream.
+  per-tenant rate limits, daily budgets, admission, the breaker, metrics and the spend ledger,
+  with SQLite state. The limits are set high so nothing is refused, and the response cache is off
+  so every request goes upstream;
+* **tidegate without the ledger**: the same, with ``ledger.enabled: false`` and a SQLite file of
+  its own. The two tidegates' req/s in the same alternating rounds say what the spend ledger
+  costs the request path (unless ``--no-ledger-check``).
 
 The load generator is wrk (with a Lua script for the body and the key) when it is installed,
 otherwise an aiohttp client in its own process. After a warm-up it measures req/s at 32
@@ -82,6 +85,10 @@ REQUEST_BODY = json.dumps(
 #: The targets for this machine (issue 3): a ratio of req/s, and added p50 in milliseconds.
 TARGET_RPS_RATIO = 0.50
 TARGET_ADDED_P50_MS = 0.6
+#: The most of tidegate's req/s the spend ledger may cost (issue 18).
+TARGET_LEDGER_COST = 0.05
+#: The targets' names in the table.
+PASS_THROUGH, TIDEGATE, NO_LEDGER = "pass-through", "tidegate", "tidegate, no ledger"
 #: A limit nothing in a two-minute run reaches.
 UNLIMITED = 1_000_000_000
 
@@ -387,22 +394,27 @@ def serve_passthrough(port: int, upstream_url: str) -> None:
 # --------------------------------------------------------------------------- tidegate
 
 
-def tidegate_config(workdir: Path, upstream_port: int, *, slowdown: int = 1) -> Path:
+def tidegate_config(
+    workdir: Path, upstream_port: int, *, slowdown: int = 1, ledger: bool = True
+) -> Path:
     """The default pipeline, with limits nobody reaches here, SQLite state and no cache.
 
     ``slowdown``: how many times slower than usual the requests will run (under callgrind or a
     trace); the lease window and the spend ledger's flush interval are stretched by as much, so
-    leases cover as many requests, and ledger batches hold as many rows, as usual.
+    leases cover as many requests, and ledger batches hold as many rows, as usual. Without
+    ``ledger`` the spend ledger is off, and the config and the SQLite file have names of their
+    own (``tidegate-no-ledger.yaml``, ``state-no-ledger.db``), so both can run side by side.
     """
 
     def limit() -> dict[str, int]:
         return {"rate_per_s": UNLIMITED, "burst": UNLIMITED}
 
-    state: dict[str, Any] = {"url": f"sqlite:///{workdir / 'state.db'}"}
-    stretched: dict[str, Any] = {}
+    suffix = "" if ledger else "-no-ledger"
+    state: dict[str, Any] = {"url": f"sqlite:///{workdir / f'state{suffix}.db'}"}
+    spend: dict[str, Any] = {} if ledger else {"enabled": False}
     if slowdown != 1:
         state["leases"] = {"hold_s": 0.25 * slowdown}
-        stretched["ledger"] = {"flush_s": 1.0 * slowdown}
+        spend["flush_s"] = 1.0 * slowdown
     config = {
         "profile": "dev",
         "server": {"host": HOST, "drain_seconds": 1, "request_timeout_s": 30},
@@ -421,9 +433,9 @@ def tidegate_config(workdir: Path, upstream_port: int, *, slowdown: int = 1) -> 
         "prices": {UPSTREAM_MODEL: {"input_per_1k": 0.0005, "output_per_1k": 0.0015}},
         "cache": {"enabled": False},
         "logging": {"level": "info"},
-        **stretched,
+        **({"ledger": spend} if spend else {}),
     }
-    path = workdir / "tidegate.yaml"
+    path = workdir / f"tidegate{suffix}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
@@ -708,7 +720,7 @@ def measure(
 
 def report(console: Console, results: dict[str, Summary], connections: int) -> bool:
     """Print the table and the verdicts; returns False when some request failed."""
-    base, gate = results["pass-through"], results["tidegate"]
+    base, gate = results[PASS_THROUGH], results[TIDEGATE]
     ratio = gate.rps / base.rps
     added_p50 = gate.p50_ms - base.p50_ms
     added_p99 = gate.p99_ms - base.p99_ms
@@ -760,13 +772,30 @@ def report(console: Console, results: dict[str, Summary], connections: int) -> b
             added_p50 <= TARGET_ADDED_P50_MS,
         ),
     ]
+    unledgered = results.get(NO_LEDGER)
+    if unledgered is not None:
+        verdicts.append(ledger_verdict(gate, unledgered))
     for text, target, met in verdicts:
         mark = "[bold green]MET[/]   " if met else "[bold red]MISSED[/]"
         console.print(f"{mark} {text} (target {target})")
-    failed = base.failures + gate.failures
+    failed = sum(row.failures for row in results.values())
     if failed:
         console.print(f"[bold red]{failed} requests failed: the numbers above are not valid[/]")
     return failed == 0
+
+
+def ledger_verdict(gate: Summary, unledgered: Summary) -> tuple[str, str, bool]:
+    """What the spend ledger costs: the share of req/s tidegate loses to it (the same run's
+    rounds, alternated), with the CPU per request it adds beside it."""
+    cost = 1.0 - gate.rps / unledgered.rps if unledgered.rps > 0 else 0.0
+    cpu = ""
+    if gate.cpu_us_per_request is not None and unledgered.cpu_us_per_request is not None:
+        cpu = f", {gate.cpu_us_per_request - unledgered.cpu_us_per_request:+.0f} CPU µs a request"
+    return (
+        f"spend ledger: {cost:.1%} of tidegate's req/s{cpu}",
+        f"<= {TARGET_LEDGER_COST:.0%}",
+        cost <= TARGET_LEDGER_COST,
+    )
 
 
 def machine() -> str:
@@ -788,13 +817,14 @@ def load_average() -> str:
 
 @contextlib.contextmanager
 def servers(
-    console: Console, args: argparse.Namespace
+    console: Console, args: argparse.Namespace, *, ledger_target: bool = False
 ) -> Iterator[tuple[list[Target], LoadGenerator, str]]:
-    """Start the upstream, the pass-through and tidegate; stop them all on the way out."""
+    """Start the upstream, the pass-through and tidegate (and, with ``ledger_target``, tidegate
+    without the spend ledger); stop them all on the way out."""
     workdir = Path(tempfile.mkdtemp(prefix="tidegate-bench-"))
     processes = Processes()
     try:
-        upstream_port, pass_port, gate_port = free_port(), free_port(), free_port()
+        upstream_port, pass_port = free_port(), free_port()
         upstream_desc = start_upstream(processes, workdir, upstream_port, args.upstream)
         upstream_url = f"http://{HOST}:{upstream_port}{ROUTE}"
         json_headers = {"Content-Type": "application/json"}
@@ -808,23 +838,22 @@ def servers(
             cwd=workdir,
         )
         key = write_keys(workdir)
-        gate = processes.start(
-            "tidegate",
-            tidegate_argv(tidegate_config(workdir, upstream_port), gate_port),
-            log=workdir / "tidegate.log",
-            cwd=workdir,
-        )
+        targets = [Target(PASS_THROUGH, f"http://{HOST}:{pass_port}{ROUTE}", passthrough.pid)]
+        gates = [(TIDEGATE, True), (NO_LEDGER, False)] if ledger_target else [(TIDEGATE, True)]
+        for name, ledger in gates:
+            port = free_port()
+            config = tidegate_config(workdir, upstream_port, ledger=ledger)
+            log = workdir / f"{config.stem}.log"
+            gate = processes.start(name, tidegate_argv(config, port), log=log, cwd=workdir)
+            targets.append(Target(name, f"http://{HOST}:{port}{ROUTE}", gate.pid))
         auth = {**json_headers, "Authorization": f"Bearer {key}"}
-        targets = [
-            Target("pass-through", f"http://{HOST}:{pass_port}{ROUTE}", passthrough.pid),
-            Target("tidegate", f"http://{HOST}:{gate_port}{ROUTE}", gate.pid),
-        ]
         for target in targets:
             headers = wait_until_answers(
                 target.name, target.url, processes, body=REQUEST_BODY, headers=auth
             )
-            if target.name == "tidegate" and headers.get("x-tidegate-served-by") != "upstream":
-                raise BenchError(f"tidegate answered without serving upstream: {headers}")
+            served = headers.get("x-tidegate-served-by")
+            if target.name != PASS_THROUGH and served != "upstream":
+                raise BenchError(f"{target.name} answered without serving upstream: {headers}")
         yield targets, LoadGenerator(workdir, key, args.load), upstream_desc
         processes.check_alive()
     except BenchError:
@@ -857,12 +886,18 @@ def bench(args: argparse.Namespace) -> int:
     console.print(f"load average before: {load_average()}")
     overrides = sorted(k for k in os.environ if k.startswith("TIDEGATE_"))
     try:
-        with servers(console, args) as (targets, load, upstream):
+        with servers(console, args, ledger_target=args.ledger_check) as (targets, load, upstream):
             console.print(f"upstream: {upstream}")
             console.print(f"load generator: {load.describe()}")
             console.print(
                 "tidegate: 1 process; keys-file auth, user and tenant rate limits, budgets,\n"
-                "  admission, breaker, metrics, one JSON log line a request; SQLite state; no cache"
+                "  admission, breaker, metrics, one JSON log line a request, the spend ledger;\n"
+                "  SQLite state; no cache"
+                + (
+                    "\ntidegate, no ledger: the same with ledger.enabled false"
+                    if args.ledger_check
+                    else ""
+                )
             )
             if overrides:
                 console.print(
@@ -893,6 +928,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--round-seconds", type=int, default=2, help="seconds of one round")
     parser.add_argument("--keep", action="store_true", help="keep the work folder and its logs")
+    parser.add_argument(
+        "--no-ledger-check",
+        dest="ledger_check",
+        action="store_false",
+        help="leave out the tidegate without the spend ledger (and the ledger's verdict)",
+    )
     parser.add_argument(
         "--upstream", choices=("auto", "nginx", "python"), default="auto", help="the fast upstream"
     )

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -112,3 +114,34 @@ def test_relay_counts_events_and_judges_cpu_per_chunk() -> None:
     head, _, payload = request.partition(b"\r\n\r\n")
     assert b"Authorization: Bearer sk-test" in head
     assert f"Content-Length: {len(payload)}".encode() in head
+
+
+def test_gateway_ledger_verdict_and_configs(tmp_path: Path) -> None:
+    """benchmarks/gateway.py's spend-ledger check: the share of req/s the ledger costs, judged at
+    5%, from the same run's tidegate with and without it; the two configs run side by side
+    (their own SQLite files) and only the second turns the ledger off."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gateway
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def summary(rps: float, cpu: float) -> gateway.Summary:
+        return gateway.Summary(rps, rps, rps, cpu, 0.5, 1.0, 0)
+
+    text, target, met = gateway.ledger_verdict(summary(960.0, 310.0), summary(1_000.0, 300.0))
+    assert met
+    assert "4.0% of tidegate's req/s" in text
+    assert "+10 CPU µs" in text
+    assert target == "<= 5%"
+    assert not gateway.ledger_verdict(summary(940.0, 320.0), summary(1_000.0, 300.0))[2]
+    with_ledger = yaml.safe_load(gateway.tidegate_config(tmp_path, 9).read_text())
+    without = yaml.safe_load(gateway.tidegate_config(tmp_path, 9, ledger=False).read_text())
+    assert "ledger" not in with_ledger  # the default: on
+    assert without["ledger"] == {"enabled": False}
+    assert with_ledger["state"]["url"] != without["state"]["url"]
+    assert {**without, "ledger": None, "state": None} == {
+        **with_ledger,
+        "ledger": None,
+        "state": None,
+    }
