@@ -1,8 +1,10 @@
 import asyncio
+import time
 
 import pytest
 
 from tidegate.clock import Clock, ClockWentBackwards, ManualClock, SystemClock
+from tidegate.testing import compiled
 
 
 def test_manual_clock_starts_where_told_and_advances_exactly() -> None:
@@ -58,3 +60,16 @@ def test_both_clocks_satisfy_the_protocol() -> None:
     first = system.now()
     assert system.now() >= first
     assert system.wall() > 1_600_000_000
+
+
+def test_the_system_clock_reads_the_real_time() -> None:
+    """The gateway's clock: monotonic and wall time, read through the clock (in the compiled build
+    through Clock's method table; as plain Python straight from the time module, no frame)."""
+    clock = SystemClock()
+    before, wall_before = time.monotonic(), time.time()
+    now, wall = clock.now(), clock.wall()
+    assert before <= now <= time.monotonic()
+    assert wall_before <= wall <= time.time()
+    if not compiled("tidegate.clock"):
+        assert vars(SystemClock)["now"].__func__ is time.monotonic
+        assert vars(SystemClock)["wall"].__func__ is time.time
