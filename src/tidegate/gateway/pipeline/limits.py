@@ -20,27 +20,37 @@ _Level = tuple[BucketOptions | None, str, str]
 
 
 def rate_limit(request: Request) -> Outcome:
-    """Take a token from the user's bucket, then from the tenant's: from this process's leases
-    while they hold one (no store call, no coroutine: the usual case), else from the store (in
-    one SQLite batch) for the rest."""
+    """Take a token from the key's bucket (a virtual key with a limit of its own), the user's,
+    then the tenant's: from this process's leases while they hold one (no store call, no
+    coroutine: the usual case), else from the store (in one SQLite batch) for the rest."""
     rt, identity = request.rt, request.identity
     take_now = rt.stores.take_now
-    levels = (
+    # Level by level, without the levels' tuples (built only when the store is asked).
+    key, user, tenant = identity.rate_limit, rt.user_bucket, rt.tenant_bucket
+    if key is not None and take_now(identity.key_bucket, key) is None:
+        return _from_store(request, 0)
+    if user is not None and take_now(identity.user_bucket, user) is None:
+        return _from_store(request, 1)
+    if tenant is not None and take_now(identity.tenant_bucket, tenant) is None:
+        return _from_store(request, 2)
+    return False
+
+
+def _levels(request: Request) -> tuple[_Level, ...]:
+    rt, identity = request.rt, request.identity
+    return (
         (identity.rate_limit, identity.key_bucket, "per-key"),
         (rt.user_bucket, identity.user_bucket, "per-user"),
         (rt.tenant_bucket, identity.tenant_bucket, "per-tenant"),
     )
-    for index, (options, key, _) in enumerate(levels):
-        if options is not None and take_now(key, options) is None:
-            return _from_store(request, levels[index:])
-    return False
 
 
-async def _from_store(request: Request, levels: tuple[_Level, ...]) -> bool:
-    """The takes a lease could not answer, in order; the first refusal is the answer."""
+async def _from_store(request: Request, first: int) -> bool:
+    """The takes a lease could not answer, from level ``first`` on, in order; the first refusal
+    is the answer."""
     rt = request.rt
     with rt.stores.batch():  # committed with the budget's, before anything acts on them
-        for options, key, name in levels:
+        for options, key, name in _levels(request)[first:]:
             if options is None:
                 continue
             try:
