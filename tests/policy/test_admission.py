@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,16 +78,14 @@ def test_the_controller_runs_on_the_gateways_system_clock() -> None:
     """The gateway gives admission its SystemClock: the controller (compiled in the compiled
     build, where it calls the clock through the Clock base class) reads the real time, so a
     deadline a minute ahead starts at once and one just gone is refused."""
-    controller = AdmissionController(
-        AdmissionOptions(classes=("standard",), slots=1), SystemClock()
-    )
-    ahead = time.monotonic() + 60.0
+    clock = SystemClock()
+    controller = AdmissionController(AdmissionOptions(classes=("standard",), slots=1), clock)
+    ahead = clock.now() + 60.0
     ticket = controller.offer(request_id="r1", klass="standard", tenant="t", deadline_at=ahead)
     assert ticket.state is TicketState.STARTED
+    gone = clock.now() - 1.0
     with pytest.raises(DeadlineUnmeetable):
-        controller.offer(
-            request_id="r2", klass="standard", tenant="t", deadline_at=time.monotonic() - 1.0
-        )
+        controller.offer(request_id="r2", klass="standard", tenant="t", deadline_at=gone)
 
 
 def test_all_is_sorted_and_exported() -> None:

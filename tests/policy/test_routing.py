@@ -434,6 +434,17 @@ def test_describe_attempts_is_the_same_the_first_time_and_after() -> None:
             describe_attempts(tried, [Skip("bad name", SkipReason.BREAKER_OPEN)])
 
 
+def test_describe_attempts_of_one_call_is_its_entry() -> None:
+    """One call and no skip (nearly every request): its entry alone, from a tuple or a list,
+    written afresh or remembered; with a skip, the skip follows it."""
+    for _ in range(2):
+        assert describe_attempts([("solo", None)]) == "solo=ok"
+        assert describe_attempts([["solo", K.TIMEOUT]]) == "solo=timeout"  # type: ignore[list-item]
+        assert describe_attempts([("solo", None)], ()) == "solo=ok"
+    late = [Skip("late", SkipReason.NOT_APPROVED)]
+    assert describe_attempts([("solo", None)], late) == "solo=ok, late=skipped:not_approved"
+
+
 def test_describe_attempts_refuses_names_that_break_the_format() -> None:
     """A name holding a separator would make the header ambiguous, so it is refused."""
     with pytest.raises(ValueError, match="provider name"):

@@ -356,7 +356,10 @@ def describe_attempts(
     ``primary=timeout, fallback=ok, other=skipped:breaker_open``. Nothing tried is ``""``.
     """
     # Each entry is looked up here first (an entry is never empty): only a pair not written
-    # yet costs the call to _entry().
+    # yet costs the call to _entry(). One call and no skip (nearly every request) is its entry.
+    if not skipped and isinstance(tried, list) and len(tried) == 1:
+        ((name, outcome),) = tried
+        return _ENTRIES.get((name, outcome)) or _entry(name, outcome)
     entries = [_ENTRIES.get((name, outcome)) or _entry(name, outcome) for name, outcome in tried]
     for skip in skipped:  # usually none: a loop, not a second list to add
         name, reason = skip.name, skip.reason
