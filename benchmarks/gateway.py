@@ -3,7 +3,7 @@
 Run with ``make bench`` or ``.venv/bin/python benchmarks/gateway.py``. Everything listens on
 loopback only and every process this script starts is stopped when it ends, on Ctrl-C too.
 
-Three servers answer the same request, ``POST /v1/chat/completions``:
+Four servers answer the same request, ``POST /v1/chat/completions``:
 
 * the **upstream**: a fixed ``chat.completion`` answer. nginx when it is installed (a ``return
   200`` location: the fastest answer this machine can give), otherwise a raw asyncio protocol on
