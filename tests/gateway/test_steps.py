@@ -35,6 +35,7 @@ from tidegate.gateway.pipeline.settle import settle_shielded
 from tidegate.gateway.runtime import Runtime, build_runtime, close_runtime
 from tidegate.policy.flags import ANSWER_MODE
 from tidegate.state.base import DONE
+from tidegate.state.leases import LeasedBuckets
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
 
@@ -239,6 +240,68 @@ async def test_the_rate_limit_step_draws_from_leases_without_a_coroutine(tmp_pat
             identify_chat(request)
             assert rate_limit(request) is False  # answered now: no coroutine to await
         assert takes == []
+    finally:
+        await close_runtime(rt)
+
+
+@pytest.mark.asyncio
+async def test_the_rate_limit_step_asks_the_store_from_the_first_level_no_lease_answers(
+    tmp_path: Path,
+) -> None:
+    """The user's bucket leases (a large burst) and the tenant's never does (a burst too small
+    to share out): while the user's lease holds tokens only the tenant's take reaches the store,
+    which is asked for the tenant exactly once a request; the tenant's refusal is the answer."""
+    config = {
+        "providers": {"p": {**fake(), "data_classes": ["internal"]}},
+        "models": {"chat": {"providers": ["p"]}},
+        "rate_limits": {
+            "per_user": {"rate_per_s": 0.001, "burst": 1_000},
+            "per_tenant": {"rate_per_s": 0.001, "burst": 30},
+        },
+    }
+    path = write_config(tmp_path, config)
+    rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
+    try:
+        for _ in range(24):  # the user's demand within one window: its lease forms
+            request = request_for(rt)
+            identify_chat(request)
+            assert await outcome(rate_limit(request)) is False
+        inner = rt.stores.buckets.store  # type: ignore[attr-defined]  # the leased store's
+        takes: list[str] = []
+        original = inner.take
+
+        async def counted(key: str, *args: Any, **kwargs: Any) -> Any:
+            takes.append(key)
+            return await original(key, *args, **kwargs)
+
+        inner.take = counted
+        leased = rt.stores.buckets
+        assert isinstance(leased, LeasedBuckets)
+        drawn: list[str] = []  # every take asked of the user's and the tenant's leases
+        draw = leased.take_now
+
+        def counted_now(key: str, *args: Any, **kwargs: Any) -> Any:
+            drawn.append(key)
+            return draw(key, *args, **kwargs)
+
+        leased.take_now = rt.stores.take_now = counted_now  # type: ignore[method-assign]
+        identity = request.identity
+        for _ in range(6):  # the tenant's last 6 tokens
+            request = request_for(rt)
+            identify_chat(request)
+            assert await outcome(rate_limit(request)) is False
+        assert takes.count(identity.tenant_bucket) == 6
+        # A refill of the user's lease goes to the store too; most requests needed none.
+        assert takes.count(identity.user_bucket) < 3
+        assert set(takes) <= {identity.user_bucket, identity.tenant_bucket}
+        # The user's token was taken once a request (asked again only by a refill), never twice.
+        assert drawn.count(identity.user_bucket) == 6 + takes.count(identity.user_bucket)
+        request = request_for(rt)
+        identify_chat(request)
+        with pytest.raises(RateLimited) as refused:
+            await outcome(rate_limit(request))
+        assert refused.value.headers["RateLimit-Policy"].startswith('"per-tenant"')
+        assert takes.count(identity.tenant_bucket) == 7
     finally:
         await close_runtime(rt)
 

@@ -26,17 +26,18 @@ def rate_limit(request: Request) -> Outcome:
     rt, identity = request.rt, request.identity
     take_now = rt.stores.take_now
     # Level by level, without the levels' tuples (built only when the store is asked).
-    key, user, tenant = identity.rate_limit, rt.user_bucket, rt.tenant_bucket
-    if key is not None and take_now(identity.key_bucket, key) is None:
+    per_key, per_user, per_tenant = identity.rate_limit, rt.user_bucket, rt.tenant_bucket
+    if per_key is not None and take_now(identity.key_bucket, per_key) is None:
         return _from_store(request, 0)
-    if user is not None and take_now(identity.user_bucket, user) is None:
+    if per_user is not None and take_now(identity.user_bucket, per_user) is None:
         return _from_store(request, 1)
-    if tenant is not None and take_now(identity.tenant_bucket, tenant) is None:
+    if per_tenant is not None and take_now(identity.tenant_bucket, per_tenant) is None:
         return _from_store(request, 2)
     return False
 
 
 def _levels(request: Request) -> tuple[_Level, ...]:
+    """The buckets the request takes from, in order: options (None: not limited), key, name."""
     rt, identity = request.rt, request.identity
     return (
         (identity.rate_limit, identity.key_bucket, "per-key"),
