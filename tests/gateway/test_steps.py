@@ -208,6 +208,29 @@ async def test_the_rate_limit_step_takes_one_token_per_request(runtime: Runtime)
     assert refused.value.headers["RateLimit-Policy"].startswith('"per-user"')
 
 
+async def limited_requests(rt: Runtime, count: int) -> Request:
+    """``count`` requests through the rate-limit step, each let through; the last one."""
+    for _ in range(count):
+        request = request_for(rt)
+        identify_chat(request)
+        assert await outcome(rate_limit(request)) is False
+    return request
+
+
+def count_store_takes(rt: Runtime) -> list[str]:
+    """From now on, the key of every take that reaches the store behind the leases."""
+    inner = rt.stores.buckets.store  # type: ignore[attr-defined]  # the leased store's
+    takes: list[str] = []
+    original = inner.take
+
+    async def counted(key: str, *args: Any, **kwargs: Any) -> Any:
+        takes.append(key)
+        return await original(key, *args, **kwargs)
+
+    inner.take = counted
+    return takes
+
+
 @pytest.mark.asyncio
 async def test_the_rate_limit_step_draws_from_leases_without_a_coroutine(tmp_path: Path) -> None:
     """Once a key's demand has leased tokens (user and tenant), the step answers at once (False,
@@ -222,19 +245,8 @@ async def test_the_rate_limit_step_draws_from_leases_without_a_coroutine(tmp_pat
     path = write_config(tmp_path, config)
     rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
     try:
-        for _ in range(64):  # demand within one window: leases form
-            request = request_for(rt)
-            identify_chat(request)
-            assert await outcome(rate_limit(request)) is False
-        inner = rt.stores.buckets.store  # type: ignore[attr-defined]  # the leased store's
-        takes: list[str] = []
-        original = inner.take
-
-        async def counted(key: str, *args: Any, **kwargs: Any) -> Any:
-            takes.append(key)
-            return await original(key, *args, **kwargs)
-
-        inner.take = counted
+        request = await limited_requests(rt, 64)  # demand within one window: leases form
+        takes = count_store_takes(rt)
         for _ in range(3):
             request = request_for(rt)
             identify_chat(request)
@@ -262,19 +274,8 @@ async def test_the_rate_limit_step_asks_the_store_from_the_first_level_no_lease_
     path = write_config(tmp_path, config)
     rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
     try:
-        for _ in range(24):  # the user's demand within one window: its lease forms
-            request = request_for(rt)
-            identify_chat(request)
-            assert await outcome(rate_limit(request)) is False
-        inner = rt.stores.buckets.store  # type: ignore[attr-defined]  # the leased store's
-        takes: list[str] = []
-        original = inner.take
-
-        async def counted(key: str, *args: Any, **kwargs: Any) -> Any:
-            takes.append(key)
-            return await original(key, *args, **kwargs)
-
-        inner.take = counted
+        request = await limited_requests(rt, 24)  # the user's demand: its lease forms
+        takes = count_store_takes(rt)
         leased = rt.stores.buckets
         assert isinstance(leased, LeasedBuckets)
         drawn: list[str] = []  # every take asked of the user's and the tenant's leases
