@@ -3,6 +3,7 @@ docs/ARCHITECTURE.md agree), and each step run alone on a manual clock with ``me
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from collections.abc import AsyncIterator, Awaitable
@@ -303,6 +304,49 @@ async def test_the_rate_limit_step_asks_the_store_from_the_first_level_no_lease_
             await outcome(rate_limit(request))
         assert refused.value.headers["RateLimit-Policy"].startswith('"per-tenant"')
         assert takes.count(identity.tenant_bucket) == 7
+    finally:
+        await close_runtime(rt)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("user_burst", "tenant_burst", "binding"),
+    [(1_000, 200, "per-tenant"), (150, 1_000, "per-user")],
+)
+async def test_the_rate_limit_step_passes_exactly_the_binding_burst_at_300_at_once(
+    tmp_path: Path, user_burst: int, tenant_burst: int, binding: str
+) -> None:
+    """300 requests of one key through the step at once, on SQLite state, both buckets large
+    enough to lease (and never refilling on the manual clock): exactly the smaller burst
+    passes, the rest are refused by that level and no other, whichever level binds."""
+    config = {
+        "providers": {"p": {**fake(), "data_classes": ["internal"]}},
+        "models": {"chat": {"providers": ["p"]}},
+        "rate_limits": {
+            "per_user": {"rate_per_s": 0.001, "burst": user_burst},
+            "per_tenant": {"rate_per_s": 0.001, "burst": tenant_burst},
+        },
+        "state": {"url": f"sqlite:///{tmp_path / 'state.db'}"},
+    }
+    path = write_config(tmp_path, config)
+    rt = await build_runtime(load_config(path, env={}), path, clock=ManualClock(0.0))
+
+    async def one() -> str:
+        request = request_for(rt)
+        identify_chat(request)
+        try:
+            await outcome(rate_limit(request))
+        except RateLimited as refused:
+            return refused.headers["RateLimit-Policy"].split(";")[0].strip('"')
+        return "passed"
+
+    try:
+        takes = count_store_takes(rt)
+        answers = await asyncio.gather(*(one() for _ in range(300)))
+        assert answers.count("passed") == min(user_burst, tenant_burst)
+        assert set(answers) == {"passed", binding}
+        # Leases engaged: without them every request would take from the store at least once.
+        assert len(takes) < 300
     finally:
         await close_runtime(rt)
 
