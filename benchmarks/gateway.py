@@ -411,10 +411,10 @@ def tidegate_config(
 
     suffix = "" if ledger else "-no-ledger"
     state: dict[str, Any] = {"url": f"sqlite:///{workdir / f'state{suffix}.db'}"}
-    spend: dict[str, Any] = {} if ledger else {"enabled": False}
+    ledger_section: dict[str, Any] = {} if ledger else {"enabled": False}
     if slowdown != 1:
         state["leases"] = {"hold_s": 0.25 * slowdown}
-        spend["flush_s"] = 1.0 * slowdown
+        ledger_section["flush_s"] = 1.0 * slowdown
     config = {
         "profile": "dev",
         "server": {"host": HOST, "drain_seconds": 1, "request_timeout_s": 30},
@@ -433,7 +433,7 @@ def tidegate_config(
         "prices": {UPSTREAM_MODEL: {"input_per_1k": 0.0005, "output_per_1k": 0.0015}},
         "cache": {"enabled": False},
         "logging": {"level": "info"},
-        **({"ledger": spend} if spend else {}),
+        **({"ledger": ledger_section} if ledger_section else {}),
     }
     path = workdir / f"tidegate{suffix}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
